@@ -1,0 +1,6 @@
+"""``python -m clusterkit``."""
+
+from clusterkit.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Test tiers, the CLUSTERKIT_REQUIRE switch, and the per-test leftover-process check.
+
+Tiers are pytest markers (see pyproject). ``CLUSTERKIT_REQUIRE=local,ssh`` turns a skip in
+those tiers into a failure, and a required tier that collected no test fails the session, so
+CI can never pass by skipping.
+
+Every process a test starts inherits ``CLUSTERKIT_TEST_TOKEN``; after each test, any process
+carrying the token that did not exist before the test must be gone (polled for a few seconds,
+since distributed's processes linger briefly after close). Session-scoped daemons (sshd,
+slurmctld, the Kubernetes emulator) start before the baseline is taken and are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+TIERS = ("unit", "local", "ssh", "slurm", "pbs", "kubernetes", "chart", "terraform", "gpu")
+TOKEN_VAR = "CLUSTERKIT_TEST_TOKEN"
+_TOKEN = os.environ.setdefault(TOKEN_VAR, uuid.uuid4().hex)
+
+
+def required_tiers() -> set[str]:
+    raw = os.environ.get("CLUSTERKIT_REQUIRE", "")
+    tiers = {t.strip() for t in raw.split(",") if t.strip()}
+    unknown = tiers - set(TIERS)
+    if unknown:
+        raise pytest.UsageError(f"CLUSTERKIT_REQUIRE names unknown tiers: {sorted(unknown)}")
+    return tiers
+
+
+def _tiers_of(item: pytest.Item) -> set[str]:
+    return {m.name for m in item.iter_markers() if m.name in TIERS}
+
+
+_seen_tiers: set[str] = set()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        _seen_tiers.update(_tiers_of(item))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped:
+        return
+    required = _tiers_of(item) & required_tiers()
+    if required and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"required tier {sorted(required)} skipped: {reason}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.option.collectonly or session.config.getoption("-k", None):
+        return
+    if session.config.getoption("-m", None):
+        return
+    missing = required_tiers() - _seen_tiers
+    if missing:
+        session.config.get_terminal_writer().line(
+            f"required tiers collected no test: {sorted(missing)}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------ leftover processes
+
+
+def token_processes(token: str = _TOKEN) -> set[int]:
+    """PIDs (other than this one) whose environment carries the test token."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    me = os.getpid()
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read()
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and needle in environ.split(b"\0"):
+            found.add(int(entry))
+    return found
+
+
+def describe(pids: set[int]) -> str:
+    lines = []
+    for pid in sorted(pids):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            cmd = "?"
+        lines.append(f"{pid}: {cmd}")
+    return "\n".join(lines)
+
+
+def wait_gone(baseline: set[int], seconds: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while True:
+        left = token_processes() - baseline
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a process of its own running (and kill what it left)."""
+    baseline = token_processes()
+    yield
+    if request.node.get_closest_marker("allow_leftovers"):
+        return
+    left = wait_gone(baseline)
+    if left:
+        text = describe(left)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        pytest.fail(f"test left processes running:\n{text}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Each test gets its own clusterkit state directory and no inherited cluster settings."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("CLUSTERKIT_STATE_DIR", str(state))
+    for var in ("CLUSTERKIT_SCHEDULER", "CLUSTERKIT_SECURITY", "CLUSTERKIT_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    return state
+
+
+# ------------------------------------------------------------------ GPU detection
+
+
+def gpu_skip_reason() -> str | None:
+    """None when an NVIDIA GPU is usable, else why not (for the gpu tier's skip)."""
+    try:
+        import pynvml
+    except ImportError:
+        return "nvidia-ml-py is not installed (pip install 'clusterkit[cuda]')"
+    try:
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as error:
+        return f"no GPU: NVML says {error}"
+    return None if count else "no GPU: NVML sees 0 devices"
