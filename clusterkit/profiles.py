@@ -1,0 +1,465 @@
+"""Discover, load (with a line map), resolve ``extends`` and ``${ENV}``, validate -> profile model.
+
+Loading is safe by construction: YAML is composed into nodes and converted here, so tags
+other than the standard scalar ones are refused (never constructed), aliases are bounded,
+duplicate keys are errors, and every error points at file, line and field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterkit.errors import ProfileError, ProfileNotFound
+from clusterkit.schema import MODELS, NAME_PATTERN, ProfileCommon
+
+#: The public name of a loaded profile: the backend's pydantic model.
+Profile = ProfileCommon
+
+BUNDLED_DIR = Path(__file__).parent / "bundled_profiles"
+SUFFIXES = (".yaml", ".yml")
+MAX_NODES = 10_000  # alias-expansion bombs stop here
+MAX_BYTES = 1 << 20
+MAX_EXTENDS_DEPTH = 16
+
+_STANDARD_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:map",
+    "tag:yaml.org,2002:seq",
+}
+_ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+Path_ = tuple[str | int, ...]
+
+
+def search_path() -> list[Path]:
+    """Profile directories, first hit wins."""
+    dirs = [Path.cwd() / "profiles"]
+    dirs += [Path(p) for p in os.environ.get("CLUSTERKIT_PROFILES", "").split(os.pathsep) if p]
+    dirs.append(Path.home() / ".config" / "clusterkit" / "profiles")
+    dirs.append(BUNDLED_DIR)
+    return dirs
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def discover() -> dict[str, Path]:
+    """Every profile name on the search path, mapped to the file that wins."""
+    found: dict[str, Path] = {}
+    for directory in search_path():
+        if not directory.is_dir():
+            continue
+        for file in sorted(directory.iterdir()):
+            if file.suffix in SUFFIXES and file.stem not in found:
+                found[file.stem] = file
+    return found
+
+
+def check_name(name: str) -> None:
+    if not NAME_PATTERN.match(name) or ".." in name:
+        raise ProfileError(
+            f"profile name {name!r} is not a plain name",
+            hint="use letters, digits, '-', '_' and '.', without path separators",
+        )
+
+
+def is_path(ref: str | os.PathLike[str]) -> bool:
+    """A ref is a file path when it names a YAML file; anything else must be a plain name."""
+    return isinstance(ref, os.PathLike) or os.fspath(ref).endswith(SUFFIXES)
+
+
+def find(ref: str | os.PathLike[str]) -> Path:
+    """The file for a profile name or path."""
+    text = os.fspath(ref)
+    if is_path(text):
+        path = Path(text)
+        if not path.is_file():
+            raise ProfileNotFound(f"no profile file {text!r}")
+        return path
+    check_name(text)
+    for directory in search_path():
+        for suffix in SUFFIXES:
+            candidate = directory / f"{text}{suffix}"
+            if candidate.is_file():
+                return candidate
+    known = sorted(discover())
+    close = difflib.get_close_matches(text, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "see `clusterkit profiles list`"
+    raise ProfileNotFound(f"no profile named '{text}'", hint=hint)
+
+
+# ------------------------------------------------------------------ reading one file
+
+
+@dataclass
+class Located:
+    """A mapping read from one file, with the line of every key path."""
+
+    data: dict[str, Any]
+    lines: dict[Path_, tuple[str, int]]  # key path -> (file, line)
+
+
+def _read_text(path: Path, shown: str) -> str:
+    raw = path.read_bytes()
+    if len(raw) > MAX_BYTES:
+        raise ProfileError(f"file is {len(raw)} bytes; a profile is at most 1 MiB", file=shown)
+    if b"\0" in raw:
+        line = raw[: raw.index(b"\0")].count(b"\n") + 1
+        raise ProfileError("binary data (NUL byte): not a YAML text file", file=shown, line=line)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ProfileError(
+            f"not UTF-8 text (byte 0x{raw[error.start]:02x})", file=shown, line=line,
+            hint="save the file as UTF-8",
+        ) from None
+
+
+class _Reader:
+    """Turns composed YAML nodes into plain data, refusing anything unsafe."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+        self.nodes = 0
+        self.lines: dict[Path_, tuple[str, int]] = {}
+
+    def fail(self, node: yaml.Node, message: str, path: Path_ = (), hint: str | None = None) -> None:
+        raise ProfileError(
+            message, file=self.shown, line=node.start_mark.line + 1,
+            field=dotted(path) or None, hint=hint,
+        )
+
+    def convert(self, node: yaml.Node, path: Path_) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            self.fail(node, f"document expands to more than {MAX_NODES} nodes (alias bomb?)")
+        if node.tag not in _STANDARD_TAGS:
+            if node.tag.startswith("tag:yaml.org,2002:python/") or node.tag.startswith("!"):
+                self.fail(node, f"YAML tag {node.tag!r} is not allowed", path,
+                          hint="profiles are plain data; remove the tag")
+            self.fail(node, f"unsupported YAML type {node.tag!r}", path)
+        self.lines.setdefault(path, (self.shown, node.start_mark.line + 1))
+        if isinstance(node, yaml.MappingNode):
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    self.fail(key_node, "keys must be plain strings", path)
+                key = str(yaml.SafeLoader.construct_scalar(_LOADER, key_node))  # type: ignore[arg-type]
+                if key == "<<":
+                    self.fail(key_node, "merge keys ('<<') are not supported", path,
+                              hint="use `extends: other-profile` instead")
+                if key in result:
+                    self.fail(key_node, f"duplicate key '{key}'", (*path, key))
+                self.lines[(*path, key)] = (self.shown, key_node.start_mark.line + 1)
+                result[key] = self.convert(value_node, (*path, key))
+            return result
+        if isinstance(node, yaml.SequenceNode):
+            return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
+        return _LOADER.construct_object(node)
+
+
+_LOADER = yaml.SafeLoader("")
+
+
+def _yaml_problem(error: yaml.YAMLError) -> tuple[int | None, str, str | None]:
+    mark = getattr(error, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(error, "problem", None) or str(error)
+    if "'\\t'" in problem or "\\t" in problem:
+        return line, "tab character in indentation", "indent with spaces"
+    context = getattr(error, "context", None)
+    text = f"YAML syntax: {problem}" + (f" ({context})" if context else "")
+    return line, text, None
+
+
+def read_file(path: Path) -> Located:
+    """Parse one profile file into data and a line map (no extends, no interpolation)."""
+    shown = _display(path)
+    text = _read_text(path, shown)
+    if not text.strip() or all(
+        not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
+    ):
+        raise ProfileError("empty profile", file=shown, line=1,
+                           hint="a profile is a mapping with at least `backend:`")
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as error:
+        line, message, hint = _yaml_problem(error)
+        raise ProfileError(message, file=shown, line=line, hint=hint) from None
+    nodes = [n for n in nodes if n is not None]
+    if len(nodes) != 1:
+        raise ProfileError(
+            "a profile is one YAML document", file=shown,
+            line=nodes[1].start_mark.line + 1 if len(nodes) > 1 else 1,
+        )
+    root = nodes[0]
+    if not isinstance(root, yaml.MappingNode):
+        kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
+        raise ProfileError(f"the top level must be a mapping, got {kind}", file=shown,
+                           line=root.start_mark.line + 1)
+    reader = _Reader(shown)
+    data = reader.convert(root, ())
+    return Located(data, reader.lines)
+
+
+# ------------------------------------------------------------------ extends, ${ENV}
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _merge(base: Located, child: Located) -> Located:
+    """Deep-merge mappings; the child wins; lists and scalars are replaced whole."""
+
+    def merge(a: Any, b: Any, path: Path_, lines: dict[Path_, tuple[str, int]]) -> Any:
+        if isinstance(a, dict) and isinstance(b, dict):
+            result = dict(a)
+            for key, value in b.items():
+                result[key] = merge(a.get(key), value, (*path, key), lines) if key in a else value
+            return result
+        # replaced: drop the base's lines below this path
+        for key in [k for k in lines if k[: len(path)] == path and len(k) > len(path)]:
+            del lines[key]
+        return b
+
+    lines = dict(base.lines)
+    data = merge(base.data, child.data, (), lines)
+    lines.update(child.lines)
+    return Located(data, lines)
+
+
+def _resolve_extends(path: Path, chain: tuple[Path, ...] = ()) -> Located:
+    resolved = path.resolve()
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ProfileError(f"`extends` is nested deeper than {MAX_EXTENDS_DEPTH}",
+                           file=_display(path))
+    located = read_file(path)
+    parent_ref = located.data.pop("extends", None)
+    if parent_ref is None:
+        return located
+    file, line = located.lines[("extends",)]
+    if not isinstance(parent_ref, str) or not parent_ref:
+        raise ProfileError("expected the name of another profile", file=file, line=line,
+                           field="extends")
+    try:
+        parent_path = _find_parent(parent_ref, path)
+    except ProfileError as error:
+        raise ProfileError(error.message, file=file, line=line, field="extends",
+                           hint=error.hint) from None
+    if parent_path.resolve() in (*chain, resolved):
+        cycle = " -> ".join(p.stem for p in (*chain, resolved, parent_path.resolve()))
+        raise ProfileError(f"`extends` forms a cycle: {cycle}", file=file, line=line,
+                           field="extends")
+    parent = _resolve_extends(parent_path, (*chain, resolved))
+    return _merge(parent, located)
+
+
+def _find_parent(ref: str, child: Path) -> Path:
+    """A parent named in `extends`: a sibling file first, then the search path."""
+    if not is_path(ref):
+        check_name(ref)
+        for suffix in SUFFIXES:
+            sibling = child.parent / f"{ref}{suffix}"
+            if sibling.is_file():
+                return sibling
+    elif not Path(ref).is_absolute():
+        candidate = child.parent / ref
+        if candidate.is_file():
+            return candidate
+    return find(ref)
+
+
+def _interpolate(located: Located) -> None:
+    """Replace ${VAR} and ${VAR:-default} in every string; `$$` is a literal `$`."""
+
+    def substitute(text: str, path: Path_) -> str:
+        def one(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            name, default = match.group(1), match.group(2)
+            value = os.environ.get(name)
+            if value is None or (value == "" and default is not None):
+                if default is not None:
+                    return default
+                file, line = located.lines.get(path, (None, None))
+                raise ProfileError(
+                    f"environment variable {name} is not set", file=file, line=line,
+                    field=dotted(path), hint=f"export {name}=... or write ${{{name}:-default}}",
+                )
+            return value
+
+        return _ENV.sub(one, text)
+
+    def walk(value: Any, path: Path_) -> Any:
+        if isinstance(value, str):
+            return substitute(value, path)
+        if isinstance(value, dict):
+            return {k: walk(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, (*path, i)) for i, v in enumerate(value)]
+        return value
+
+    located.data = walk(located.data, ())
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _walk_model_fields(model: type[Any], loc: tuple[Any, ...]) -> list[str]:
+    """Field names valid at ``loc`` inside ``model`` (for did-you-mean)."""
+    from pydantic import BaseModel
+
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        info = getattr(current, "model_fields", {}).get(part)
+        if info is None:
+            return []
+        annotation = info.annotation
+        current = None
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                current = candidate
+                break
+            for inner in getattr(candidate, "__args__", ()) or ():
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    current = inner
+    return list(getattr(current, "model_fields", {})) if current is not None else []
+
+
+_UNION_MEMBER = re.compile(r"[\[\(]|^(int|float|str|bool|none|list|dict)$")
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's union-member labels (``function-before[...]``, ``int``) from a loc."""
+    return tuple(p for p in loc if isinstance(p, int) or not _UNION_MEMBER.search(str(p)))
+
+
+def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]:
+    kind = error["type"]
+    loc = _clean_loc(tuple(error["loc"]))
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        fields = _walk_model_fields(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
+        return "unknown field", (f"did you mean '{close[0]}'?" if close else
+                                 f"known fields: {', '.join(sorted(fields))}")
+    if kind == "missing":
+        return "required field is missing", None
+    if kind == "literal_error":
+        expected = error.get("ctx", {}).get("expected", "")
+        choices = re.findall(r"'([^']*)'", expected)
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        return (f"expected one of {expected}, got {value!r}",
+                f"did you mean '{close[0]}'?" if close else None)
+    if kind == "value_error":
+        return str(error["msg"]).removeprefix("Value error, "), None
+    if kind in {"string_pattern_mismatch"}:
+        return f"{value!r} has the wrong form", None
+    ctx = error.get("ctx", {})
+    bounds = {
+        "greater_than_equal": ("at least", "ge"), "greater_than": ("above", "gt"),
+        "less_than_equal": ("at most", "le"), "less_than": ("below", "lt"),
+    }
+    if kind in bounds:
+        word, key = bounds[kind]
+        return f"must be {word} {ctx.get(key)}, got {value!r}", None
+    expected = {
+        "int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
+        "list": "a list", "dict": "a mapping", "model": "a mapping",
+    }
+    for prefix, noun in expected.items():
+        if kind.startswith(prefix + "_") or kind == f"{prefix}_type":
+            return f"expected {noun}, got {value!r}", None
+    if kind in {"too_short", "too_long"}:
+        return str(error["msg"]).lower(), None
+    message = str(error["msg"])
+    return message[0].lower() + message[1:], None
+
+
+def validate(located: Located, name: str, source: str) -> ProfileCommon:
+    from pydantic import ValidationError
+
+    data = located.data
+    backend = data.get("backend")
+    file, line = located.lines.get(("backend",), (source, 1))
+    if backend is None:
+        raise ProfileError("required field is missing", file=source, line=1, field="backend",
+                           hint=f"one of: {', '.join(MODELS)}")
+    if not isinstance(backend, str) or backend not in MODELS:
+        close = difflib.get_close_matches(str(backend), list(MODELS), n=1)
+        raise ProfileError(
+            f"unknown backend {backend!r}", file=file, line=line, field="backend",
+            hint=f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(MODELS)}",
+        )
+    model = MODELS[backend]
+    try:
+        profile = model.model_validate(data)
+    except ValidationError as error:
+        errors = error.errors(include_url=False)
+
+        def line_of(err: dict[str, Any]) -> int:
+            return _line_for(located, _clean_loc(tuple(err["loc"])))[1] or 0
+
+        first = min(errors, key=line_of)
+        loc = _clean_loc(tuple(first["loc"]))
+        where_file, where_line = _line_for(located, loc)
+        message, hint = _friendly(first, model)
+        raise ProfileError(message, file=where_file or source, line=where_line,
+                           field=dotted(loc), hint=hint) from None
+    return profile.named(name, source)
+
+
+def _line_for(located: Located, loc: tuple[Any, ...]) -> tuple[str | None, int | None]:
+    for cut in range(len(loc), -1, -1):
+        hit = located.lines.get(loc[:cut])
+        if hit:
+            return hit
+    return None, None
+
+
+# ------------------------------------------------------------------ public
+
+
+def load_profile(ref: str | os.PathLike[str] | ProfileCommon | None = None) -> ProfileCommon:
+    """Load and validate a profile by name (search path) or path; None means ``local``."""
+    if isinstance(ref, ProfileCommon):
+        return ref
+    if ref is None:
+        ref = os.environ.get("CLUSTERKIT_PROFILE") or "local"
+    path = find(ref)
+    located = _resolve_extends(path)
+    _interpolate(located)
+    return validate(located, path.stem, _display(path))
+
+
+def resolved_data(ref: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping after extends and interpolation (what `profiles show` prints)."""
+    profile = load_profile(ref)
+    return {"backend": profile.backend_name, **profile.model_dump(mode="json", exclude={"backend"})}
+
+
+def iter_profiles() -> Iterator[tuple[str, Path]]:
+    yield from discover().items()
