@@ -1,0 +1,1 @@
+"""Backends: one module per cluster system, behind the protocol in ``base``."""

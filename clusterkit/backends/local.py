@@ -1,0 +1,212 @@
+"""Clusters on this machine: distributed.LocalCluster and dask_cuda.LocalCUDACluster."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.backends.base import Capability, Check, Requirement
+from clusterkit.errors import BackendUnavailable, ClusterStartError
+
+if TYPE_CHECKING:
+    from distributed.deploy.cluster import Cluster
+
+    from clusterkit.schema import ClusterProfile, LocalCUDAProfile, LocalProfile
+    from clusterkit.security import ClusterSecurity
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[str, Any]:
+    """LocalCluster keyword arguments shared by the CPU and CUDA flavours."""
+    scheduler = profile.scheduler
+    host = None if scheduler.interface else (scheduler.host or LOOPBACK)
+    dashboard = None
+    if scheduler.dashboard:
+        dashboard = f"{host or ''}:{scheduler.dashboard_port}"
+    kwargs: dict[str, Any] = {
+        "n_workers": profile.workers,
+        "threads_per_worker": profile.worker.threads,
+        "memory_limit": profile.worker.memory,
+        "host": host,
+        "interface": scheduler.interface,
+        "scheduler_port": scheduler.port,
+        "dashboard_address": dashboard,
+        "protocol": f"{security.scheme}://",
+        "security": security.distributed(),
+        "scheduler_kwargs": {"idle_timeout": profile.idle_timeout} if profile.idle_timeout else None,
+    }
+    resources = profile.worker_resources()
+    if resources:
+        kwargs["resources"] = resources
+    if profile.preload:
+        kwargs["preload"] = list(profile.preload)
+    if profile.env:
+        kwargs["env"] = dict(profile.env)
+    return {k: v for k, v in kwargs.items() if v is not None or k == "dashboard_address"}
+
+
+def _require_ucx(profile: ClusterProfile) -> None:
+    if profile.protocol == "ucx" and find_spec("distributed_ucxx") is None:
+        raise BackendUnavailable(profile.name, "distributed-ucxx", "ucx")
+
+
+def _check_memory(profile: ClusterProfile) -> None:
+    memory = profile.worker.memory
+    if memory == "auto":
+        return
+    from dask.utils import format_bytes
+    from distributed.system import MEMORY_LIMIT
+
+    wanted = int(memory) * (profile.workers or 1)
+    if wanted > MEMORY_LIMIT:
+        raise ClusterStartError(
+            f"{profile.workers} workers x {format_bytes(int(memory))} need "
+            f"{format_bytes(wanted)}, but this machine has {format_bytes(MEMORY_LIMIT)}",
+            component="local workers",
+            hint="lower worker.memory or workers, or use memory: auto",
+        )
+
+
+def _started(factory: Any, component: str, **kwargs: Any) -> Cluster:
+    """Build a cluster, turning any start failure into a ClusterStartError with evidence."""
+    try:
+        return factory(**kwargs)
+    except ClusterStartError:
+        raise
+    except Exception as error:  # distributed raises many kinds; keep the cause
+        lines = [line for line in str(error).splitlines() if line.strip()][-12:]
+        raise ClusterStartError(
+            f"could not start ({type(error).__name__})",
+            component=component,
+            evidence=lines or [repr(error)],
+        ) from error
+
+
+def _describe_kwargs(kwargs: dict[str, Any]) -> str:
+    shown = {k: v for k, v in kwargs.items() if k != "security"}
+    if kwargs.get("security") is not None:
+        shown["security"] = "Security(require_encryption=True, per-cluster CA)"
+    return json.dumps(shown, indent=2, default=str)
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    """Worker processes on this machine."""
+
+    NAME: str = "local"
+    CAPABILITIES: frozenset[Capability] = frozenset(
+        {Capability.UCX, Capability.TLS, Capability.SCALE, Capability.ADAPT}
+    )
+    REQUIRES: tuple[Requirement, ...] = ()
+
+    def cluster_kwargs(self, profile: LocalProfile, security: ClusterSecurity) -> dict[str, Any]:
+        kwargs = common_kwargs(profile, security)
+        kwargs["processes"] = profile.processes
+        return kwargs
+
+    def render(self, profile: LocalProfile, security: ClusterSecurity) -> str:
+        kwargs = self.cluster_kwargs(profile, security)
+        return f"distributed.LocalCluster(**{_describe_kwargs(kwargs)})\n"
+
+    def create_cluster(self, profile: LocalProfile, security: ClusterSecurity) -> Cluster:
+        from distributed import LocalCluster
+
+        _require_ucx(profile)
+        _check_memory(profile)
+        return _started(LocalCluster, "local workers", **self.cluster_kwargs(profile, security))
+
+    def doctor(self, profile: LocalProfile, security: ClusterSecurity) -> list[Check]:
+        return []
+
+
+def gpu_inventory() -> tuple[list[dict[str, Any]], str | None]:
+    """GPUs seen through NVML: (list of {index, name, memory}, None) or ([], why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], "nvidia-ml-py is not installed (pip install 'clusterkit[cuda]')"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return [], f"no GPU: NVML says {error}"
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            gpus.append({"index": index, "name": str(name), "memory": int(memory)})
+        return gpus, None if gpus else "no GPU: NVML sees 0 devices"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class LocalCUDABackend:
+    """One dask-cuda worker per GPU on this machine."""
+
+    NAME: str = "local-cuda"
+    CAPABILITIES: frozenset[Capability] = frozenset(
+        {Capability.GPU, Capability.UCX, Capability.TLS, Capability.SCALE, Capability.ADAPT}
+    )
+    REQUIRES: tuple[Requirement, ...] = (Requirement("dask_cuda", "dask-cuda", "cuda"),)
+
+    def cluster_kwargs(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> dict[str, Any]:
+        kwargs = common_kwargs(profile, security)
+        if profile.workers is None:
+            kwargs.pop("n_workers", None)
+        ucx = profile.protocol == "ucx"
+        kwargs.update(
+            CUDA_VISIBLE_DEVICES=profile.devices,
+            rmm_pool_size=profile.rmm_pool_size,
+            rmm_managed_memory=profile.rmm_managed_memory,
+            rmm_async=profile.rmm_async,
+            enable_cudf_spill=profile.enable_cudf_spill,
+            jit_unspill=profile.jit_unspill,
+            enable_tcp_over_ucx=True if ucx else None,
+            enable_nvlink=profile.ucx.nvlink if ucx else None,
+            enable_infiniband=profile.ucx.infiniband if ucx else None,
+            enable_rdmacm=profile.ucx.rdmacm if ucx else None,
+        )
+        if profile.device_memory_limit is not None:
+            kwargs["device_memory_limit"] = profile.device_memory_limit
+        return {k: v for k, v in kwargs.items() if v is not None or k == "dashboard_address"}
+
+    def render(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> str:
+        kwargs = self.cluster_kwargs(profile, security)
+        return f"dask_cuda.LocalCUDACluster(**{_describe_kwargs(kwargs)})\n"
+
+    def create_cluster(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> Cluster:
+        _require_ucx(profile)
+        gpus, why_not = gpu_inventory()
+        if not gpus:
+            raise ClusterStartError(
+                why_not or "no GPU", component="local-cuda",
+                hint="use the `local` profile on a machine without GPUs",
+            )
+        _check_memory(profile)
+        from dask_cuda import LocalCUDACluster
+
+        return _started(LocalCUDACluster, "local-cuda workers", **self.cluster_kwargs(profile, security))
+
+    def doctor(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> list[Check]:
+        gpus, why_not = gpu_inventory()
+        wanted = len(profile.devices) if profile.devices else 1
+        return [
+            Check(
+                "GPUs for local-cuda",
+                ok=len(gpus) >= wanted,
+                detail=f"{len(gpus)} visible" if gpus else (why_not or "none"),
+                fix="run on a machine with NVIDIA GPUs and drivers, or use `local`",
+            )
+        ]
+
+
+LOCAL = LocalBackend()
+LOCAL_CUDA = LocalCUDABackend()

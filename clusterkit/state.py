@@ -1,0 +1,172 @@
+"""Records of clusters started by ``up``: atomic JSON files (0600) in a 0700 state directory."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterkit.errors import ClusterExists
+
+
+def state_dir() -> Path:
+    """``$CLUSTERKIT_STATE_DIR``, else ``$XDG_STATE_HOME/clusterkit``, created 0700."""
+    root = os.environ.get("CLUSTERKIT_STATE_DIR")
+    if root:
+        path = Path(root)
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        path = Path(xdg) / "clusterkit"
+    clusters = path / "clusters"
+    clusters.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for directory in (path, clusters):
+        os.chmod(directory, 0o700)
+    return path
+
+
+def clusters_dir() -> Path:
+    return state_dir() / "clusters"
+
+
+def cluster_dir(name: str) -> Path:
+    """The private directory of one cluster: certificates, logs, control socket."""
+    path = clusters_dir() / name
+    path.mkdir(exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def record_path(name: str) -> Path:
+    return clusters_dir() / f"{name}.json"
+
+
+@dataclass
+class ClusterRecord:
+    """What `up` leaves behind so that any process can find and reach the cluster."""
+
+    name: str
+    backend: str
+    profile: str
+    profile_source: str | None
+    digest: str
+    address: str
+    dashboard: str | None
+    pid: int | None  # the supervisor; None for DETACHED backends
+    security: dict[str, Any]
+    min_workers: int
+    started_at: float = field(default_factory=time.time)
+    control: str | None = None  # supervisor's control socket
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (k8s name, ...)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterRecord:
+        data = json.loads(text)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    @property
+    def age(self) -> float:
+        return time.time() - self.started_at
+
+
+def write_record(record: ClusterRecord) -> Path:
+    """Write atomically (temp file + rename), mode 0600."""
+    path = record_path(record.name)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(record.to_json())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_record(name: str) -> ClusterRecord | None:
+    try:
+        return ClusterRecord.from_json(record_path(name).read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError):
+        return None  # a torn or foreign file: treated as no record
+
+
+def remove_cluster(name: str) -> None:
+    """Delete the record and the cluster's private directory."""
+    with contextlib.suppress(FileNotFoundError):
+        record_path(name).unlink()
+    shutil.rmtree(clusters_dir() / name, ignore_errors=True)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a supervisor process still runs (and is not a zombie)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+        return state != b"Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def is_live(record: ClusterRecord) -> bool:
+    """A supervised record is live while its supervisor runs; a detached one until `down`."""
+    return record.pid is None or pid_alive(record.pid)
+
+
+def records(prune: bool = True) -> list[ClusterRecord]:
+    """Every record; with ``prune``, records of dead supervisors are removed."""
+    found = []
+    for path in sorted(clusters_dir().glob("*.json")):
+        record = read_record(path.stem)
+        if record is None:
+            continue
+        if prune and not is_live(record):
+            with lock(record.name, wait=False) as held:
+                if held:
+                    remove_cluster(record.name)
+            continue
+        found.append(record)
+    return found
+
+
+@contextlib.contextmanager
+def lock(name: str, wait: bool = True) -> Iterator[bool]:
+    """An exclusive lock on one cluster name (held while `up` or `down` runs)."""
+    path = clusters_dir() / f"{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            held = True
+        except BlockingIOError:
+            held = False
+        yield held
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def starting(name: str) -> Iterator[None]:
+    """Hold the name for an `up`; a concurrent `up` of the same name fails at once."""
+    with lock(name, wait=False) as held:
+        if not held:
+            raise ClusterExists(f"cluster '{name}' is being started by another process")
+        yield
