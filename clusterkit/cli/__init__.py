@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     from clusterkit.errors import ClusterkitError
 
     try:
-        app(args=argv, prog_name="clusterkit", standalone_mode=False)
+        code = app(args=argv, prog_name="clusterkit", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)  # click returns typer.Exit's code when not in standalone mode
     except ClusterkitError as error:
         if os.environ.get("CLUSTERKIT_DEBUG"):
             raise

@@ -1,0 +1,31 @@
+"""`clusterkit doctor [PROFILE]`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def doctor(
+    profile: str = typer.Argument("local", help="Profile name or path."),
+    json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Check this machine against a profile: a pass/fail row with a fix for each check."""
+    from clusterkit import console
+    from clusterkit.doctor import run_checks
+    from clusterkit.errors import EXIT_RUNTIME
+    from clusterkit.profiles import load_profile
+
+    checks = run_checks(load_profile(profile))
+    if json_:
+        console.print_json([c.__dict__ for c in checks])
+    else:
+        console.table(None, ["check", "result", "detail", "fix"], [
+            (c.name, "[green]pass[/green]" if c.ok else "[red]FAIL[/red]", c.detail,
+             "" if c.ok else c.fix) for c in checks
+        ])
+    if not all(c.ok for c in checks):
+        raise typer.Exit(EXIT_RUNTIME)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(doctor)

@@ -1,0 +1,125 @@
+"""`clusterkit profiles list|show|validate|render|schema`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+profiles_app = typer.Typer(help="List, show, validate and render profiles.", no_args_is_help=True)
+
+RENDER_FORMATS = ("native", "helm-values", "tfvars")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(profiles_app, name="profiles")
+
+
+@profiles_app.command("list")
+def list_(json_: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Profiles on the search path: name, backend, workers, GPUs, source file."""
+    from clusterkit import console
+    from clusterkit.errors import ProfileError
+    from clusterkit.profiles import discover, load_profile
+
+    rows = []
+    for name, path in discover().items():
+        try:
+            profile = load_profile(path)
+            gpus = getattr(getattr(profile, "worker", None), "gpus", 0)
+            workers = getattr(profile, "min_workers", 0)
+            rows.append({"name": name, "backend": profile.backend_name, "workers": workers,
+                         "gpus": gpus, "source": profile.source, "error": None})
+        except ProfileError as error:
+            rows.append({"name": name, "backend": "?", "workers": None, "gpus": None,
+                         "source": str(path), "error": error.one_line()})
+    if json_:
+        console.print_json(rows)
+        return
+    console.table(None, ["name", "backend", "workers", "GPUs/worker", "source"], [
+        (r["name"], r["backend"] if not r["error"] else "[red]invalid[/red]", r["workers"],
+         r["gpus"], r["source"]) for r in rows
+    ])
+
+
+@profiles_app.command("show")
+def show(
+    name: str = typer.Argument(..., help="Profile name or path to a .yaml file."),
+    json_: bool = typer.Option(False, "--json", help="JSON instead of YAML."),
+) -> None:
+    """The profile resolved after `extends`, ${ENV} interpolation and defaults."""
+    import yaml
+
+    from clusterkit import console
+    from clusterkit.profiles import resolved_data
+
+    data = resolved_data(name)
+    if json_:
+        console.print_json(data)
+    else:
+        typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@profiles_app.command("validate")
+def validate(
+    refs: list[str] = typer.Argument(None, help="Names or paths; default: every profile."),
+) -> None:
+    """Validate profiles; each failure is one line; exit 2 if any fails."""
+    from clusterkit.errors import EXIT_BAD_INPUT, ProfileError
+    from clusterkit.profiles import discover, load_profile
+
+    targets: list[str | Path] = list(refs) if refs else list(discover().values())
+    failures = 0
+    for ref in targets:
+        try:
+            profile = load_profile(ref)
+            typer.echo(f"ok   {profile.name} ({profile.source})")
+        except ProfileError as error:
+            failures += 1
+            typer.echo(f"error: {error.one_line()}", err=True)
+    if failures:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@profiles_app.command("render")
+def render(
+    name: str = typer.Argument(..., help="Profile name or path."),
+    format_: str = typer.Option(
+        "native", "--format", "-f",
+        help="native (what the backend runs), helm-values or tfvars (kubernetes profiles).",
+    ),
+) -> None:
+    """What the backend would run: job script, commands per host, manifest."""
+    from clusterkit.errors import BadInput
+
+    if format_ not in RENDER_FORMATS:
+        raise BadInput(f"unknown format {format_!r}", hint=f"one of: {', '.join(RENDER_FORMATS)}")
+    if format_ == "native":
+        from clusterkit.api import render as render_profile
+
+        typer.echo(render_profile(name).rstrip())
+        return
+    import yaml
+
+    from clusterkit import exporters
+    from clusterkit.profiles import load_profile
+
+    profile = load_profile(name)
+    if profile.backend_name != "kubernetes":
+        raise BadInput(
+            f"--format {format_} exports kubernetes profiles; '{profile.name}' is "
+            f"{profile.backend_name}"
+        )
+    if format_ == "helm-values":
+        typer.echo(yaml.safe_dump(exporters.to_helm_values(profile), sort_keys=False).rstrip())
+    else:
+        typer.echo(exporters.to_tfvars(profile).rstrip())
+
+
+@profiles_app.command("schema")
+def schema() -> None:
+    """JSON Schema of a profile file (for editors)."""
+    from clusterkit import console
+    from clusterkit.schema import json_schema
+
+    console.print_json(json_schema())
