@@ -1,0 +1,1 @@
+"""Runners: ML work (hyperparameter search, distributed training) over any Dask Client."""

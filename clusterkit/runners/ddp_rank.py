@@ -1,0 +1,208 @@
+"""The rank process: a fresh interpreter (torch preloaded) that runs one rank of a DDP group.
+
+Started by the Dask task that owns the rank (``ddp_worker``), often ahead of time as a spare.
+It talks to that task over one socket (``multiprocessing.connection`` framing): it says
+``ready`` once torch is imported, receives the rank's spec, reports the rendezvous port (rank
+0), checkpoints, and finally a result or an error. It exits when its parent (the Dask worker)
+goes away, so nothing outlives the worker.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class Context:
+    """What ``train_fn(ctx, ...)`` gets: its place in the group, device and checkpoints."""
+
+    def __init__(self, spec: dict[str, Any], conn: Connection, device: Any) -> None:
+        self.rank: int = spec["rank"]
+        self.world_size: int = spec["world_size"]
+        self.local_rank: int = spec["local_rank"]
+        self.local_world_size: int = spec["local_world_size"]
+        self.backend: str = spec["backend"]
+        self.restart_count: int = spec["attempt"]
+        self.worker: str = spec["worker"]
+        self.device = device
+        self._conn = conn
+        self._checkpoint: bytes | None = spec.get("checkpoint")
+
+    @property
+    def is_restart(self) -> bool:
+        """True when this group replaces one that failed."""
+        return self.restart_count > 0
+
+    def save_checkpoint(self, state: Any) -> None:
+        """Store ``state`` (``torch.save``-able) with the driver; only rank 0's call counts.
+
+        Returns once the checkpoint is held outside the rank's machine, so a worker that dies
+        right after loses nothing that was saved.
+        """
+        if self.rank != 0:
+            return
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self._conn.send(("checkpoint", buffer.getvalue()))
+        reply = self._conn.recv()
+        if reply != ("ack",):
+            raise RuntimeError(f"checkpoint not stored: {reply!r}")
+
+    def load_checkpoint(self, map_location: Any = None) -> Any:
+        """The last state saved by rank 0 in an earlier attempt of this run, or None."""
+        if self._checkpoint is None:
+            return None
+        import torch
+
+        location = self.device if map_location is None else map_location
+        return torch.load(io.BytesIO(self._checkpoint), map_location=location, weights_only=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(rank={self.rank}, world_size={self.world_size}, "
+            f"local_rank={self.local_rank}, device={self.device}, backend={self.backend!r})"
+        )
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit as soon as the Dask worker that started us is gone (no orphaned ranks)."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(70)
+        time.sleep(0.5)
+
+
+def _cuda_layout(spec: dict[str, Any]) -> str | None:
+    """CUDA_VISIBLE_DEVICES putting this rank's GPU at index ``local_rank``.
+
+    torchrun scripts call ``torch.cuda.set_device(LOCAL_RANK)``; a dask-cuda worker lists its
+    own GPU first, so the list is rotated to keep the script's index pointing at that GPU.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import torch
+
+        devices = [str(i) for i in range(torch.cuda.device_count())]
+    if not devices:
+        return None
+    mine = devices[spec["slot"] % len(devices)]
+    others = [d for d in devices if d != mine]
+    local = spec["local_rank"]
+    if local > len(others):
+        return mine
+    return ",".join([*others[:local], mine, *others[local:]])
+
+
+def _prepare(spec: dict[str, Any], conn: Connection) -> tuple[Any, Any]:
+    """Environment, threads, rendezvous store (rank 0) and device; returns (store, device)."""
+    import torch
+
+    sys.path[:] = spec["sys_path"]
+    for name, value in spec.get("default_env", {}).items():
+        os.environ.setdefault(name, value)  # the worker's own setting wins
+    os.environ.update(spec["env"])
+    threads = spec["threads"]
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    store = None
+    if spec["rank"] == 0:
+        from torch.distributed import TCPStore
+
+        # Rank 0 hosts the store on a free port of its own host; torchrun's agent does the
+        # same, and TORCHELASTIC_USE_AGENT_STORE makes env:// ranks connect as clients.
+        store = TCPStore(
+            spec["env"]["MASTER_ADDR"],
+            0,
+            spec["world_size"],
+            is_master=True,
+            wait_for_workers=False,
+        )
+        os.environ["MASTER_PORT"] = str(store.port)
+        conn.send(("port", store.port))
+    device = torch.device("cpu")
+    if spec["backend"] == "nccl":
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend 'nccl' needs CUDA, but torch sees no GPU on this worker")
+        layout = _cuda_layout(spec)
+        if layout is not None and layout != os.environ.get("CUDA_VISIBLE_DEVICES"):
+            os.environ["CUDA_VISIBLE_DEVICES"] = layout
+        index = spec["local_rank"] if layout and "," in layout else 0
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+    return store, device
+
+
+def _execute(spec: dict[str, Any], conn: Connection) -> Any:
+    import cloudpickle
+    import torch.distributed as dist
+
+    store, device = _prepare(spec, conn)
+    ctx = Context(spec, conn, device)
+    train_fn, args, kwargs = cloudpickle.loads(spec["payload"])
+    try:
+        if spec["init_group"]:
+            dist.init_process_group(
+                spec["backend"],
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                device_id=device if device.type == "cuda" else None,
+            )
+        conn.send(("started", time.time()))
+        return train_fn(ctx, *args, **kwargs)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        del store
+
+
+def main(fd: int) -> None:
+    """Serve one rank over the inherited socket ``fd``."""
+    import socket
+
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    conn = Connection(socket.socket(fileno=fd).detach())
+    import cloudpickle
+    import torch
+    import torch.distributed  # preload: this is what makes a spare fast
+
+    conn.send(("ready", torch.cuda.is_available()))
+    try:
+        spec = conn.recv()
+    except (EOFError, OSError):
+        return
+    try:
+        value = _execute(spec, conn)
+        conn.send(("result", cloudpickle.dumps(value)))
+    except BaseException as error:  # report everything, including SystemExit from scripts
+        if isinstance(error, SystemExit) and error.code in (None, 0):
+            conn.send(("result", cloudpickle.dumps(None)))
+        else:
+            conn.send(
+                (
+                    "error",
+                    {
+                        "type": type(error).__name__,
+                        "message": str(error),
+                        "traceback": traceback.format_exc(),
+                        "time": time.time(),
+                    },
+                )
+            )
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: torch/gloo threads can make it slow
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

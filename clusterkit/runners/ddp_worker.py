@@ -1,0 +1,266 @@
+"""Worker side of the DDP runner: the Dask task that owns one rank and its rank process.
+
+The task secedes from the worker's thread pool (ranks wait on each other, so holding a slot
+could deadlock two runs sharing a cluster), pauses the worker's statistical profiler while the
+rank runs, and drives a rank process (``ddp_rank``) over a socket. Each worker keeps one spare
+rank process with torch already imported, so a run on a cluster that is up starts in well
+under a second; the spare is replaced after each run, when the worker is idle.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+SPARE_ENV = "CLUSTERKIT_DDP_SPARES"  # "0" disables spare rank processes
+
+_lock = threading.Lock()
+_spares: list[RankProcess] = []
+_running: dict[str, list[subprocess.Popen[bytes]]] = {}
+_aborted: set[str] = set()
+_profiler_pauses = 0
+
+
+class RankError(Exception):
+    """A rank failed: carries the rank, the original error's type and message, the traceback."""
+
+    def __init__(self, rank: int, kind: str, message: str, tb: str, when: float) -> None:
+        super().__init__(rank, kind, message, tb, when)
+        self.rank = rank
+        self.kind = kind
+        self.message = message
+        self.traceback = tb
+        self.time = when
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}: {self.kind}: {self.message}"
+
+
+class RankProcess:
+    """A rank process and our end of its socket; ``ready`` once it has imported torch."""
+
+    def __init__(self, threads: int) -> None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clusterkit.runners.ddp_rank", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.ready = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def check_ready(self) -> bool:
+        """Consume the ``ready`` message if it has arrived."""
+        if not self.ready and self.conn.poll(0):
+            message = self.conn.recv()
+            self.ready = message[0] == "ready"
+        return self.ready
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _threads(worker: Any) -> int:
+    return max(1, int(getattr(worker.state, "nthreads", 1)))
+
+
+def ensure_spare(worker: Any) -> None:
+    """Start a spare rank process on this worker unless one is there (or spares are off)."""
+    if os.environ.get(SPARE_ENV, "1") == "0":
+        return
+    with _lock:
+        _spares[:] = [r for r in _spares if r.alive()]
+        if not _spares:
+            _spares.append(RankProcess(_threads(worker)))
+
+
+def spare_ready() -> bool:
+    """Whether this worker's spare has imported torch (client.run helper for benchmarks)."""
+    with _lock:
+        return any(r.alive() and r.check_ready() for r in _spares)
+
+
+def interface_of(dask_worker: Any) -> str | None:
+    """Name of the network interface carrying this worker's Dask address (client.run)."""
+    import psutil
+    from distributed.comm import get_address_host
+
+    host = get_address_host(dask_worker.address)
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addresses):
+            return name
+    return None
+
+
+def _take(threads: int) -> RankProcess:
+    with _lock:
+        while _spares:
+            spare = _spares.pop()
+            if spare.alive():
+                return spare
+            spare.close()
+    return RankProcess(threads)
+
+
+class SparePlugin(WorkerPlugin):
+    """Keeps a spare rank process on every worker, including workers that join later."""
+
+    name = "clusterkit-ddp-spares"
+
+    def setup(self, worker: Any) -> None:
+        ensure_spare(worker)
+
+    def teardown(self, worker: Any) -> None:
+        with _lock:
+            for spare in _spares:
+                spare.close()
+            _spares.clear()
+
+
+def abort(key: str) -> int:
+    """Kill this worker's rank processes of run attempt ``key`` (called through client.run)."""
+    with _lock:
+        _aborted.add(key)
+        procs = list(_running.get(key, ()))
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    return len(procs)
+
+
+def _set_profiler(worker: Any, pause: bool) -> None:
+    """Pause the worker's 10 ms stack sampler while ranks run (it competes for the CPU)."""
+    global _profiler_pauses
+    with _lock:
+        _profiler_pauses += 1 if pause else -1
+        active = _profiler_pauses > 0
+    callbacks = [worker.periodic_callbacks.get(n) for n in ("profile", "profile-cycle")]
+    for callback in filter(None, callbacks):
+        action = callback.stop if active else callback.start
+        worker.loop.add_callback(action)
+
+
+def _publish_port(key: str, port: int | None, timeout: float) -> int:
+    """Rank 0 publishes its store's port; the other ranks wait for it (bounded)."""
+    from distributed import Variable, get_client
+
+    variable = Variable(f"{key}-port", client=get_client())
+    if port is not None:
+        variable.set(port)
+        return port
+    deadline = time.monotonic() + timeout
+    while True:
+        if key in _aborted:
+            raise RuntimeError("aborted before rendezvous")
+        try:
+            return int(variable.get(timeout=1.0))
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                message = f"rank 0 did not publish its port within {timeout:.0f}s"
+                raise TimeoutError(message) from None
+
+
+def _store_checkpoint(run_id: str, data: bytes) -> None:
+    from distributed import Variable, get_client
+
+    Variable(f"{run_id}-ckpt", client=get_client()).set(data)
+
+
+def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
+    key, rank = spec["key"], spec["rank"]
+    proc, conn = child.proc, child.conn
+    ready = child.ready
+    sent = False
+    while True:
+        if key in _aborted:
+            raise RankError(rank, "Aborted", "stopped because another rank failed", "", time.time())
+        if not sent and (ready or rank == 0):
+            if rank != 0:
+                port = _publish_port(key, None, spec["rendezvous_timeout"])
+                spec["env"]["MASTER_PORT"] = str(port)
+            conn.send(spec)
+            sent = True
+        if not conn.poll(0.2):
+            if proc.poll() is not None and not conn.poll(0):
+                raise RankError(rank, "ProcessExit", _exit_text(proc.returncode), "", time.time())
+            continue
+        try:
+            kind, *rest = conn.recv()
+        except (EOFError, OSError):
+            proc.wait(timeout=5)
+            text = _exit_text(proc.returncode)
+            raise RankError(rank, "ProcessExit", text, "", time.time()) from None
+        if kind == "ready":
+            ready = True
+        elif kind == "port":
+            _publish_port(key, rest[0], 0)
+        elif kind == "checkpoint":
+            _store_checkpoint(spec["run_id"], rest[0])
+            conn.send(("ack",))
+        elif kind == "started":
+            continue
+        elif kind == "result":
+            return rest[0]
+        elif kind == "error":
+            info = rest[0]
+            raise RankError(rank, info["type"], info["message"], info["traceback"], info["time"])
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"rank process killed by signal {-code}"
+    return f"rank process exited with code {code} before reporting a result"
+
+
+def rank_task(spec: dict[str, Any]) -> bytes:
+    """Run one rank on this worker; returns the cloudpickled result of ``train_fn``."""
+    from distributed import get_worker, secede
+
+    worker = get_worker()
+    secede()
+    key = spec["key"]
+    _set_profiler(worker, pause=True)
+    child = _take(spec["threads"])
+    proc = child.proc
+    with _lock:
+        _running.setdefault(key, []).append(proc)
+    try:
+        spec["sys_path"] = list(sys.path)
+        return _serve(spec, child)
+    finally:
+        child.conn.close()
+        if proc.poll() is None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with _lock:
+            procs = _running.get(key, [])
+            if proc in procs:
+                procs.remove(proc)
+            if not procs:
+                _running.pop(key, None)
+        _set_profiler(worker, pause=False)
+        ensure_spare(worker)
