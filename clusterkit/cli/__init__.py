@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "clusterkit.cli.profiles",
     "clusterkit.cli.cluster",
     "clusterkit.cli.doctor",
+    "clusterkit.cli.train",
 )
 
 app = typer.Typer(
