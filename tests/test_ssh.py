@@ -1,0 +1,377 @@
+"""The ssh backend against a real sshd on 127.0.0.1, and two hosts in network namespaces."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sshd as S
+
+from clusterkit.backends import ssh
+from clusterkit.errors import ClusterStartError
+from clusterkit.schema import SSHProfile
+from clusterkit.security import ClusterSecurity, prepare
+
+pytestmark = pytest.mark.ssh
+
+
+@dataclass
+class Lab:
+    keys: S.Keys
+    server: S.Sshd
+    known_hosts: Path
+
+    def profile(self, name: str = "lab", **fields: Any) -> SSHProfile:
+        data: dict[str, Any] = {
+            "backend": "ssh",
+            "hosts": ["127.0.0.1"],
+            "port": self.server.port,
+            "user": "root",
+            "identity_files": [str(self.keys.client_key)],
+            "known_hosts": str(self.known_hosts),
+            "remote_python": sys.executable,
+            "start_timeout": 40,
+            "scheduler": {"dashboard": False},
+        }
+        data.update(fields)
+        return SSHProfile.model_validate(data).named(name)  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    reason = S.missing_reason()
+    if reason:
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp("ssh")
+    keys = S.Keys.generate(directory)
+    server = S.start_sshd(keys, "lo")
+    try:
+        yield Lab(keys, server, S.write_known_hosts(directory / "known_hosts", keys, [server]))
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_remote_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Remote processes do not inherit the test token: look for them by their SSH_CONNECTION."""
+    yield
+    if "lab" not in request.fixturenames:
+        return
+    lab: Lab = request.getfixturevalue("lab")
+    left = S.wait_no_remote_processes([lab.server])
+    if left:
+        S.kill_all(left)
+        pytest.fail(f"remote processes left running: {left}", pytrace=False)
+
+
+def tcp() -> ClusterSecurity:
+    return ClusterSecurity(protocol="tcp")
+
+
+# ------------------------------------------------------------------ render, options
+
+
+def test_render_shows_each_host_and_binding(lab: Lab) -> None:
+    profile = lab.profile(
+        hosts=["127.0.0.1", "127.0.0.2"],
+        workers_per_host=2,
+        preload=["json"],
+        env={"OMP_NUM_THREADS": "1"},
+        worker={"threads": 3, "memory": "1GiB"},
+    )
+    text = ssh.render(profile, tcp())
+    assert "[127.0.0.1]" in text and "[127.0.0.2]" in text
+    assert "OMP_NUM_THREADS=1" in text and "CLUSTERKIT_CLUSTER=" in text
+    assert '"host": "127.0.0.2"' in text and '"host": "127.0.0.1"' in text
+    assert '"nthreads": 3' in text and f'"memory_limit": {2**30}' in text
+    assert '"preload": ["json"]' in text and "distributed.Nanny" in text
+    assert text.count("distributed.Scheduler") == 1
+    assert f"port {lab.server.port}" in text and str(lab.known_hosts) in text
+
+
+def test_render_gpu_uses_dask_cuda_and_gpu_resource(lab: Lab) -> None:
+    text = ssh.render(lab.profile(worker={"gpus": 2}), tcp())
+    assert "dask_cuda.CUDAWorker" in text and '"GPU": 2.0' in text
+
+
+def test_render_tls_points_at_private_remote_copies(lab: Lab) -> None:
+    security = ClusterSecurity("tls", "/x/ca.pem", "/x/cert.pem", "/x/key.pem")
+    text = ssh.render(lab.profile(protocol="tls"), security)
+    assert "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True" in text
+    assert "$HOME/.clusterkit/run/<cluster-id>/key.pem" in text and '"protocol": "tls"' in text
+    assert "/x/key.pem" not in text  # local paths never reach the hosts' command lines
+
+
+def test_host_keys_strict_by_default_and_warned_when_off(
+    lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
+    strict = ssh.ssh_spec.connect_options(lab.profile())
+    assert strict["known_hosts"] == str(lab.known_hosts)
+    with caplog.at_level(logging.WARNING):
+        loose = ssh.ssh_spec.connect_options(lab.profile(strict_host_keys=False))
+    assert loose["known_hosts"] is None
+    assert "NOT verified" in caplog.text
+
+
+# ------------------------------------------------------------------ a real cluster
+
+
+def test_create_cluster_runs_tasks_on_bound_workers(lab: Lab) -> None:
+    from distributed import Client
+
+    profile = lab.profile(hosts=["127.0.0.1", "127.0.0.1"], worker={"resources": {"FOO": 1}})
+    cluster = ssh.create_cluster(profile, tcp())
+    try:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=30)
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+            assert all(a.startswith("tcp://127.0.0.1:") for a in workers)
+            assert all(w["resources"] == {"FOO": 1} for w in workers.values())
+            assert client.submit(lambda x: x + 1, 41).result(timeout=30) == 42
+            # the remote processes carry the profile's env and the cluster marker
+            env = client.run(lambda: os.environ.get("CLUSTERKIT_CLUSTER"))
+            assert len(set(env.values())) == 1 and None not in env.values()
+    finally:
+        cluster.close()
+
+
+def test_contract_up_get_client_scale_down(lab: Lab) -> None:
+    from contract import run_contract
+
+    def ddp(client: Any) -> None:
+        from clusterkit.runners import ddp as runner
+
+        ranks = runner.run(_ddp_train, client=client, timeout=120)
+        assert ranks == [2, 2]
+
+    workloads: list[Any] = [ddp]
+    try:
+        from clusterkit.runners import hpo  # noqa: F401
+
+        workloads.append(_hpo_workload)
+    except ImportError:
+        pass
+    profile = lab.profile(f"ssh-contract-{uuid.uuid4().hex[:6]}", hosts=["127.0.0.1"] * 2)
+    run_contract(profile, scale_to=3, workloads=tuple(workloads))
+
+
+def _ddp_train(ctx: Any) -> int:
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return int(value.item())
+
+
+def _hpo_workload(client: Any) -> None:
+    import optuna
+
+    from clusterkit.runners import hpo
+
+    study = optuna.create_study(direction="minimize")
+    hpo.run(_objective, study=study, client=client, n_trials=6)
+    assert len(study.trials) == 6 and study.best_value < 5
+
+
+def _objective(trial: Any) -> float:
+    x = trial.suggest_float("x", -3, 3)
+    return (x - 1) ** 2
+
+
+def test_tls_cluster_refuses_clients_without_its_certificates(lab: Lab, tmp_path: Path) -> None:
+    from distributed import Client
+
+    from clusterkit import api
+    from clusterkit.client import get_client
+
+    name = f"ssh-tls-{uuid.uuid4().hex[:6]}"
+    record = api.up(lab.profile(name, protocol="tls"))
+    try:
+        assert record.address.startswith("tls://127.0.0.1:")
+        with get_client(name) as client:
+            assert client.submit(lambda: 7).result(timeout=30) == 7
+            dirs = client.run(
+                lambda: os.path.dirname(os.environ["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"])
+            )
+        (remote,) = set(dirs.values())
+        assert stat.S_IMODE(os.stat(remote).st_mode) == 0o700
+        for name_ in ("ca.pem", "cert.pem", "key.pem"):
+            assert stat.S_IMODE(os.stat(f"{remote}/{name_}").st_mode) == 0o600
+        plain = "tcp://" + record.address.split("://", 1)[1]
+        with pytest.raises((OSError, TimeoutError)):
+            Client(plain, timeout=3)
+        own_ca = prepare(lab.profile(protocol="tls"), tmp_path / "stranger", []).distributed()
+        with pytest.raises((OSError, TimeoutError, ssl.SSLError)):
+            Client(record.address, security=own_ca, timeout=3)
+    finally:
+        api.down(name)
+    assert not os.path.exists(remote), "the remote TLS directory outlived the cluster"
+
+
+# ------------------------------------------------------------------ failures
+
+
+def _assert_start_fails(profile: SSHProfile, *needles: str) -> ClusterStartError:
+    started = time.monotonic()
+    with pytest.raises(ClusterStartError) as caught:
+        ssh.create_cluster(profile, tcp())
+    elapsed = time.monotonic() - started
+    error = caught.value
+    assert error.component == "ssh 127.0.0.1" and "127.0.0.1" in error.one_line()
+    assert elapsed < profile.start_timeout + 5
+    text = error.details()
+    for needle in needles:
+        assert needle in text, text
+    return error
+
+
+def test_unreachable_host(lab: Lab) -> None:
+    _assert_start_fails(lab.profile(port=S.free_port(), start_timeout=10), "unreachable")
+
+
+def test_refused_key(lab: Lab) -> None:
+    _assert_start_fails(lab.profile(identity_files=[str(lab.keys.stranger_key)]), "login refused")
+
+
+def test_changed_host_key(lab: Lab, tmp_path: Path) -> None:
+    other = S.Keys.generate(tmp_path)
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{lab.server.known_hosts_entry_host} {other.host_public()}\n")
+    _assert_start_fails(lab.profile(known_hosts=str(known)), "host key not verifiable")
+
+
+def test_missing_remote_python(lab: Lab) -> None:
+    error = _assert_start_fails(
+        lab.profile(remote_python="/opt/nowhere/bin/python"),
+        "/opt/nowhere/bin/python",
+        "No such file",
+    )
+    assert "scheduler" in error.message
+
+
+def test_remote_import_error_in_preload(lab: Lab) -> None:
+    error = _assert_start_fails(
+        lab.profile(preload=["clusterkit_no_such_module"]), "clusterkit_no_such_module"
+    )
+    assert "worker" in error.message
+
+
+def test_up_failure_reaches_the_caller_with_evidence(lab: Lab) -> None:
+    from clusterkit import api, state
+
+    name = f"ssh-bad-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ClusterStartError) as caught:
+        api.up(lab.profile(name, remote_python="/opt/nowhere/bin/python"))
+    assert caught.value.component == "ssh 127.0.0.1"
+    assert any("No such file" in line for line in caught.value.evidence)
+    assert state.read_record(name) is None
+
+
+# ------------------------------------------------------------------ doctor
+
+
+def test_doctor_checks_each_host(lab: Lab) -> None:
+    checks = ssh.doctor(lab.profile(hosts=["127.0.0.1"]), tcp())
+    names = {c.name: c for c in checks}
+    for key in ("login", "python", "dask", "distributed", "reaches scheduler"):
+        assert names[f"127.0.0.1: {key}"].ok, checks
+    bad = ssh.doctor(lab.profile(remote_python="/opt/nowhere/bin/python"), tcp())
+    assert [c.name for c in bad if not c.ok] == ["127.0.0.1: python"]
+    refused = ssh.doctor(lab.profile(identity_files=[str(lab.keys.stranger_key)]), tcp())
+    assert not refused[0].ok and "login refused" in refused[0].detail
+
+
+def test_doctor_without_host_key_checks_logs_in(lab: Lab, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    assert not ssh.doctor(lab.profile(known_hosts=str(empty)), tcp())[0].ok
+    checks = ssh.doctor(lab.profile(known_hosts=str(empty), strict_host_keys=False), tcp())
+    assert all(c.ok for c in checks), checks
+
+
+# ------------------------------------------------------------------ two hosts (netns)
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    from distributed import Client
+    from clusterkit.backends import ssh
+    from clusterkit.schema import SSHProfile
+    from clusterkit.security import ClusterSecurity
+    profile = SSHProfile.model_validate(json.loads(sys.argv[1])).named("two-hosts")
+    cluster = ssh.create_cluster(profile, ClusterSecurity(protocol="tcp"))
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            hosts = client.run(lambda: __import__("socket").gethostname())
+            total = client.submit(sum, [1, 2, 3]).result(timeout=60)
+            print(json.dumps({"scheduler": cluster.scheduler_address,
+                              "workers": sorted(hosts), "total": total}))
+    finally:
+        cluster.close()
+""")
+
+
+def test_two_hosts_in_network_namespaces(tmp_path: Path) -> None:
+    reason = S.missing_reason() or S.netns_reason()
+    if reason:
+        pytest.skip(reason)
+    keys = S.Keys.generate(tmp_path / "keys")
+    with S.two_hosts() as net:
+        servers = [
+            S.start_sshd(keys, f"ns{i}", listen=address, port=22, netns=ns)
+            for i, (ns, address) in enumerate(zip(net.names, net.addresses, strict=True))
+        ]
+        try:
+            known = S.write_known_hosts(tmp_path / "known_hosts", keys, servers)
+            a, b = net.addresses
+            profile = {
+                "backend": "ssh",
+                "hosts": [a, b],
+                "user": "root",
+                "identity_files": [str(keys.client_key)],
+                "known_hosts": str(known),
+                "remote_python": sys.executable,
+                "start_timeout": 60,
+                "scheduler": {"dashboard": False},
+            }
+            done = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    net.names[0],
+                    sys.executable,
+                    "-c",
+                    DRIVER,
+                    json.dumps(profile),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            assert result["scheduler"].startswith(f"tcp://{a}:")
+            assert [w.split("://")[1].split(":")[0] for w in result["workers"]] == [a, b]
+            assert result["total"] == 6
+            left = S.wait_no_remote_processes(servers)
+            S.kill_all(left)
+            assert not left, f"remote processes left running: {left}"
+        finally:
+            for server in servers:
+                server.stop()
