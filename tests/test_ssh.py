@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sshd as S
 
 from clusterkit.backends import ssh
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SSHProfile
 from clusterkit.security import ClusterSecurity, prepare
+from tests import sshd as S
 
 pytestmark = pytest.mark.ssh
 
@@ -150,7 +150,7 @@ def test_create_cluster_runs_tasks_on_bound_workers(lab: Lab) -> None:
 
 
 def test_contract_up_get_client_scale_down(lab: Lab) -> None:
-    from contract import run_contract
+    from tests.contract import run_contract
 
     def ddp(client: Any) -> None:
         from clusterkit.runners import ddp as runner
