@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "clusterkit.cli.cluster",
     "clusterkit.cli.doctor",
     "clusterkit.cli.train",
+    "clusterkit.cli.hpo",
 )
 
 app = typer.Typer(

@@ -1,0 +1,70 @@
+"""`clusterkit hpo FILE.py:FUNC`: an asynchronous Optuna search on a profile's cluster."""
+
+from __future__ import annotations
+
+import typer
+
+
+def hpo(
+    target: str = typer.Argument(..., metavar="FILE.py:FUNC", help="The Optuna objective."),
+    profile: str = typer.Option(None, "--profile", "-p", help="Profile name or path."),
+    trials: int = typer.Option(..., "--trials", "-n", help="Total finished trials to reach."),
+    storage: str = typer.Option(
+        None, "--storage", help="Database URL or journal file; default ./STUDY.optuna.log."
+    ),
+    study_name: str = typer.Option(None, "--study-name", help="Default: FILE-FUNC."),
+    direction: str = typer.Option("minimize", "--direction", help="minimize or maximize."),
+    gpus_per_trial: float = typer.Option(0, "--gpus-per-trial", help="GPU units per trial."),
+    timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
+    out: str = typer.Option(None, "--out", help="Results folder; default ./STUDY-results."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress."),
+) -> None:
+    """Search hyperparameters: every worker slot busy, resumable with the same storage."""
+    from clusterkit.errors import BadInput
+
+    if trials < 1:
+        raise BadInput(f"--trials must be at least 1, got {trials}")
+    if direction not in ("minimize", "maximize"):
+        raise BadInput(f"--direction must be minimize or maximize, got {direction!r}")
+    if gpus_per_trial < 0:
+        raise BadInput(f"--gpus-per-trial must be 0 or more, got {gpus_per_trial:g}")
+    if timeout is not None and timeout <= 0:
+        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+
+    from clusterkit.runners import hpo_inputs
+
+    objective = hpo_inputs.load_objective(target)
+    name = study_name or hpo_inputs.default_study_name(objective)
+    store = hpo_inputs.resolve_storage(storage, name)
+    if profile is not None:  # an unknown profile fails here, before anything starts
+        from clusterkit.profiles import load_profile
+
+        load_profile(profile)
+
+    from clusterkit import console
+    from clusterkit.client import get_client
+    from clusterkit.runners.hpo import best_summary, run
+
+    folder = out or f"{name}-results"
+    client = get_client(profile)
+    try:
+        study = run(
+            objective,
+            n_trials=trials,
+            client=client,
+            storage=store,
+            study_name=name,
+            direction=direction,
+            resources={"GPU": gpus_per_trial} if gpus_per_trial else None,
+            timeout=timeout,
+            progress=progress,
+            out=folder,
+        )
+    finally:
+        client.close()
+    console.message(best_summary(study))
+    console.message(f"results: {folder}/ (trials.csv, *.html, *.png)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(hpo)

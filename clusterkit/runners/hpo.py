@@ -1,0 +1,436 @@
+"""Asynchronous, fault-tolerant Optuna search over any Dask client.
+
+How trials reach the study. Each trial is asked on the driver (``study.ask()``, so it is RUNNING in
+storage at once) and shipped to a worker with a snapshot of the study and the sampler. The
+worker runs the unmodified objective on a real ``optuna.Trial`` over an in-memory mirror of that
+snapshot: ``suggest_*`` samples locally with no network round trip, and every write to the trial
+(parameters, intermediate values, user attributes) is also sent to the driver as a
+fire-and-forget ``log_event`` on the worker's existing scheduler connection, so the driver's
+storage shows running trials within milliseconds and samplers do not re-propose them.
+``should_prune`` is the one synchronous call: the driver evaluates the study's pruner on the
+study's current intermediate values and answers through a scheduler Queue.
+
+Why this channel and not Optuna's gRPC storage proxy: the proxy needs every worker to open a
+new plain-text TCP connection back to the driver, which fails behind a Kubernetes port-forward,
+from SLURM compute nodes to a laptop, and bypasses the profile's TLS; and it turns each
+``suggest_*`` into a round trip. Dask's connection already exists, is secured by the profile,
+and costs no round trip per suggestion. The price is a study snapshot per dispatch (O(trials)),
+which is small for the thousands of trials a Dask search runs.
+
+Fault tolerance: the sampler ships with its random state fixed, so when Dask re-runs a task
+whose worker died the trial gets the same parameters; the driver counts attempts from the
+workers' start messages and fails the trial past ``max_retries``. Trials left RUNNING by a
+killed driver are failed, marked ``ck_orphaned`` (not counted) and their parameters enqueued.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.errors import BadInput
+from clusterkit.runners import hpo_inputs as inputs
+
+if TYPE_CHECKING:
+    import optuna
+    from distributed import Client, Future
+
+logger = logging.getLogger(__name__)
+
+#: Figures of the last :func:`run` in this process (driver seconds spent per event), for bench/.
+LAST_RUN_STATS: dict[str, float] = {}
+
+
+@dataclass
+class _Attempt:
+    """A trial in flight: its current Dask future and how often it started."""
+
+    number: int
+    trial_id: int
+    future: Future
+    starts: int = 0
+    submits: int = 1
+    workers: list[str] = field(default_factory=list)
+
+
+def _slots(client: Client, resources: Mapping[str, float] | None) -> int:
+    """Trials that can run at once: worker threads, or units of the requested resources."""
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    if not resources:
+        return sum(int(w.get("nthreads", 1)) for w in workers)
+    total = 0
+    for w in workers:
+        have = w.get("resources") or {}
+        total += min(int(have.get(name, 0) // amount) for name, amount in resources.items())
+    return total
+
+
+def _check_resources(client: Client, resources: Mapping[str, float] | None) -> None:
+    if not resources:
+        return
+    for name, amount in resources.items():
+        if amount <= 0:
+            raise BadInput(f"resources[{name!r}] must be positive, got {amount}")
+    if _slots(client, resources) == 0:
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        seen = sorted({k for w in info for k in (w.get("resources") or {})})
+        want = ", ".join(f"{k}={v:g}" for k, v in resources.items())
+        raise BadInput(
+            f"no worker advertises the resources a trial asks for ({want}); "
+            f"the workers offer {', '.join(seen) or 'no resources'}",
+            hint="use a profile with worker.gpus set, or drop --gpus-per-trial",
+        )
+
+
+class _Driver:
+    """The dispatch loop: one trial per free slot, the next asked as soon as one finishes."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        client: Client,
+        objective_blob: bytes,
+        n_trials: int,
+        resources: Mapping[str, float] | None,
+        max_retries: int,
+        catch: tuple[type[BaseException], ...],
+        timeout: float | None,
+        display: Any,
+    ) -> None:
+        self.study = study
+        self.client = client
+        self.blob = objective_blob
+        self.n_trials = n_trials
+        self.resources = dict(resources) if resources else None
+        self.max_retries = max_retries
+        self.catch = catch
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.display = display
+        self.topic = f"clusterkit-hpo-{uuid.uuid4().hex[:12]}"
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.inflight: dict[int, _Attempt] = {}
+        self.by_key: dict[str, int] = {}
+        self.done = sum(inputs.counted(t) for t in study.get_trials(deepcopy=False))
+        self.directions = [int(d) for d in study.directions]
+        self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
+        self._slots_value, self._slots_at = 1, -math.inf
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _submit(self, attempt_number: int, trial_id: int, submits: int) -> Future:
+        import pickle
+
+        from clusterkit.runners.hpo_worker import run_trial
+
+        sampler = self.study.sampler
+        sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
+        key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}"
+        future = self.client.submit(
+            run_trial,
+            self.blob,
+            pickle.dumps(sampler),
+            pickle.dumps(self.study.get_trials(deepcopy=False)),  # frozen now, on this thread
+            self.study.study_name,
+            self.directions,
+            attempt_number,
+            self.topic,
+            f"{attempt_number}-{submits}",
+            key=key,
+            pure=False,
+            resources=self.resources,
+        )
+        self.by_key[key] = attempt_number
+        future.add_done_callback(lambda f: self.inbox.put(("done", f)))
+        return future
+
+    def _slots(self) -> int:
+        """Slot count, asked of the scheduler at most once a second (it is an RPC)."""
+        now = time.monotonic()
+        if now - self._slots_at > 1.0:
+            self._slots_value = max(1, _slots(self.client, self.resources))
+            self._slots_at = now
+        return self._slots_value
+
+    def _fill(self) -> None:
+        slots = self._slots()
+        while len(self.inflight) < slots and self.done + len(self.inflight) < self.n_trials:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                return
+            trial = self.study.ask()
+            self.inflight[trial.number] = _Attempt(
+                trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
+            )
+
+    def loop(self) -> None:
+        self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
+        try:
+            self._fill()
+            self._show()
+            while self.inflight:
+                kind, item = self.inbox.get()
+                began = time.perf_counter()
+                if kind == "done":
+                    self._finished(item)
+                    self._fill()  # after a retry or a failure
+                    self._show()
+                else:
+                    self._event(item)
+                self.overhead += time.perf_counter() - began
+        finally:
+            self.client.unsubscribe_topic(self.topic)
+            self._abandon()
+
+    # ------------------------------------------------------------------ events from workers
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        attempt = self.inflight.get(msg.get("number", -1))
+        if attempt is None:
+            return
+        storage, trial_id = self.study._storage, attempt.trial_id
+        kind = msg["kind"]
+        if kind == "start":
+            attempt.starts += 1
+            attempt.workers.append(msg["worker"])
+            if max(attempt.starts, attempt.submits) > 1 + self.max_retries:
+                attempt.future.cancel()
+                self._fail_lost(attempt, "its worker died")
+                self._fill()
+            self._show()
+            return
+        try:
+            if kind == "param":
+                from optuna.distributions import json_to_distribution
+
+                dist = json_to_distribution(msg["dist"])
+                storage.set_trial_param(trial_id, msg["name"], msg["value"], dist)
+            elif kind == "value":
+                storage.set_trial_intermediate_value(trial_id, msg["step"], msg["value"])
+            elif kind == "user_attr":
+                storage.set_trial_user_attr(trial_id, msg["key"], msg["value"])
+            elif kind == "prune":
+                self._answer_prune(attempt, msg)
+        except Exception as error:  # a write racing the trial's end must not stop the search
+            logger.debug("ignored %s message for trial %s: %s", kind, attempt.number, error)
+
+    def _answer_prune(self, attempt: _Attempt, msg: dict[str, Any]) -> None:
+        storage = self.study._storage
+        frozen = storage.get_trial(attempt.trial_id)
+        for step, value in msg["intermediate"]:
+            if step not in frozen.intermediate_values:
+                storage.set_trial_intermediate_value(attempt.trial_id, step, value)
+        decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
+        self.client.sync(self.client.scheduler.queue_put, name=msg["reply"], data=decision)
+
+    # ------------------------------------------------------------------ results
+
+    def _finished(self, future: Future) -> None:
+        number = self.by_key.pop(future.key, None)
+        attempt = self.inflight.get(number) if number is not None else None
+        if attempt is None or attempt.future.key != future.key:
+            return  # a cancelled or superseded attempt
+        if future.status == "finished":
+            # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
+            self.inflight.pop(number, None)
+            self.done += 1
+            self._fill()
+            self._record(attempt, future.result())
+            return
+        error = None if future.status == "cancelled" else future.exception()
+        if error is not None and not _is_lost_worker(error):
+            self._tell(attempt, "FAIL", error=f"{type(error).__name__}: {error}")
+            raise error
+        tries = max(attempt.starts, attempt.submits)
+        if tries > self.max_retries:
+            self._fail_lost(attempt, f"its worker was lost ({type(error).__name__})")
+            return
+        attempt.submits = tries + 1
+        logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
+        attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
+
+    def _fail_lost(self, attempt: _Attempt, why: str) -> None:
+        tries = max(attempt.starts, attempt.submits)
+        self._tell(attempt, "FAIL", error=f"trial failed after {tries} attempts: {why}")
+
+    def _record(self, attempt: _Attempt, record: dict[str, Any]) -> None:
+        """Apply the worker's authoritative record, then tell the study."""
+        import cloudpickle
+        from optuna.distributions import json_to_distribution
+
+        storage, trial_id = self.study._storage, attempt.trial_id
+        frozen = storage.get_trial(trial_id)
+        for name, value in record["params"].items():
+            if name not in frozen.params:
+                dist = json_to_distribution(record["distributions"][name])
+                storage.set_trial_param(trial_id, name, value, dist)
+        for step, value in record["intermediate"].items():
+            if step not in frozen.intermediate_values:
+                storage.set_trial_intermediate_value(trial_id, step, value)
+        for key, value in record["user_attrs"].items():
+            if frozen.user_attrs.get(key) != value:
+                storage.set_trial_user_attr(trial_id, key, value)
+        storage.set_trial_user_attr(trial_id, inputs.ATTR_WORKER, record["worker"])
+        storage.set_trial_user_attr(trial_id, inputs.ATTR_TIME, [record["start"], record["end"]])
+        self._tell(attempt, record["state"], record["values"], record["error"])
+        if record["state"] == "FAIL" and record["exception"] is not None:
+            error = cloudpickle.loads(record["exception"])
+            if not isinstance(error, self.catch):
+                raise error
+
+    def _tell(self, attempt: _Attempt, state: str, values: Any = None, error: str | None = None):
+        from optuna.trial import TrialState
+
+        storage = self.study._storage
+        tries = max(attempt.starts, attempt.submits)
+        if tries > 1:  # each attribute is a storage write; keep the common case at none
+            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, tries)
+        if error:
+            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, error)
+            logger.warning("trial %s failed: %s", attempt.number, error)
+        if state == "COMPLETE":
+            self.study.tell(attempt.number, values)
+        else:
+            self.study.tell(attempt.number, state=TrialState[state])
+        if self.inflight.pop(attempt.number, None) is not None:
+            self.done += 1
+
+    def _abandon(self) -> None:
+        """On an early exit, cancel what runs and leave it for the next run to resume."""
+        if not self.inflight:
+            return
+        for attempt in self.inflight.values():
+            attempt.future.cancel()
+        self.inflight.clear()
+        inputs.recover_orphans(self.study)
+
+    def _show(self) -> None:
+        if self.display is not None:
+            busy = len({a.workers[-1] for a in self.inflight.values() if a.workers})
+            self.display.update(self.study, len(self.inflight), busy, self.n_trials)
+
+
+def _is_lost_worker(error: BaseException) -> bool:
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(error, KilledWorker | CommClosedError | OSError) or (
+        type(error).__name__ in {"CancelledError", "FutureCancelledError"}
+    )
+
+
+def run(
+    objective: Callable[[optuna.Trial], Any],
+    *,
+    n_trials: int,
+    client: Client | None = None,
+    study: optuna.Study | None = None,
+    storage: Any = None,
+    study_name: str | None = None,
+    direction: str = "minimize",
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    resources: Mapping[str, float] | None = None,
+    max_retries: int = 2,
+    catch: tuple[type[BaseException], ...] = (Exception,),
+    timeout: float | None = None,
+    progress: bool = True,
+    out: str | None = None,
+) -> optuna.Study:
+    """Run an Optuna search with every worker slot busy until ``n_trials`` trials finished.
+
+    Parameters
+    ----------
+    objective
+        A plain Optuna objective ``f(trial) -> float``; it runs on the workers.
+    n_trials
+        Total finished trials (complete, pruned or failed) the study must hold, counting those
+        of earlier runs of the same study.
+    client
+        A ``distributed.Client``; default :func:`clusterkit.get_client`.
+    study, storage, study_name, direction, sampler, pruner
+        An existing study, or what to create/load it from. Storage is any Optuna storage, a
+        database URL or a journal file path; default ``./<study_name>.optuna.log``.
+    resources
+        Dask resources each trial needs, e.g. ``{"GPU": 1}``; slots are counted in them.
+    max_retries
+        Re-runs of a trial whose worker died before it is marked failed.
+    catch
+        Objective exceptions that fail only their trial; others stop the search and re-raise.
+    timeout
+        Seconds after which no new trial starts; running trials finish.
+    progress
+        Show a live progress display and the best trials on the terminal.
+    out
+        Folder for ``trials.csv`` and the plots (HTML and PNG).
+    """
+    import cloudpickle
+    import optuna
+
+    if n_trials < 1:
+        raise BadInput(f"n_trials must be at least 1, got {n_trials}")
+    if max_retries < 0:
+        raise BadInput(f"max_retries must be 0 or more, got {max_retries}")
+    if study is None:
+        name = study_name or inputs.default_study_name(objective)
+        study = optuna.create_study(
+            storage=inputs.resolve_storage(storage, name),
+            study_name=name,
+            direction=direction,
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=True,
+        )
+    if client is None:
+        from clusterkit.client import get_client
+
+        client = get_client()
+    _check_resources(client, resources)
+    if _slots(client, resources) == 0:
+        client.wait_for_workers(1)
+    inputs.recover_orphans(study)
+    display = None
+    if progress:
+        from clusterkit.runners.hpo_report import ProgressDisplay
+
+        display = ProgressDisplay(n_trials)
+    driver = _Driver(
+        study,
+        client,
+        cloudpickle.dumps(objective),
+        n_trials,
+        resources,
+        max_retries,
+        tuple(catch),
+        timeout,
+        display,
+    )
+    try:
+        driver.loop()
+    finally:
+        if display is not None:
+            display.close()
+    LAST_RUN_STATS.update(overhead_s=driver.overhead, trials=driver.done)
+    if out is not None:
+        from clusterkit.runners.hpo_report import write_results
+
+        write_results(study, out)
+    if progress:
+        from clusterkit.runners.hpo_report import print_best
+
+        print_best(study)
+    return study
+
+
+def best_summary(study: optuna.Study) -> str:
+    """One line with the best trial, or why there is none."""
+    try:
+        best = study.best_trial
+    except ValueError:
+        return "no trial completed"
+    value = best.value if best.value is not None else math.nan
+    return f"best trial #{best.number}: value {value:.6g}, params {best.params}"

@@ -1,0 +1,131 @@
+"""HPO inputs: objective files, storage specs, study names, and resuming an interrupted study."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from clusterkit.errors import BadInput
+
+logger = logging.getLogger(__name__)
+
+#: user_attrs keys the runner writes on each trial.
+ATTR_WORKER = "ck_worker"
+ATTR_TIME = "ck_time"  # [start, end] in seconds since the epoch, on the worker
+ATTR_ATTEMPTS = "ck_attempts"
+ATTR_ERROR = "ck_error"
+ATTR_ORPHANED = "ck_orphaned"
+ATTR_RETRY_OF = "ck_retry_of"
+
+
+def load_objective(target: str) -> Callable[..., Any]:
+    """``FILE.py:FUNC`` -> the function, pickled by value so workers need not see the file."""
+    import cloudpickle
+
+    path_text, sep, func_name = target.rpartition(":")
+    if not sep or not path_text or not func_name:
+        raise BadInput(f"objective {target!r} is not FILE.py:FUNC", hint="e.g. search.py:objective")
+    path = Path(path_text)
+    if not path.is_file():
+        raise BadInput(f"objective file {path_text!r} does not exist")
+    if not func_name.isidentifier():
+        raise BadInput(f"{func_name!r} in {target!r} is not a Python function name")
+    module_name = "clusterkit_objective_" + re.sub(r"\W", "_", path.resolve().stem)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise BadInput(f"objective file {path_text!r} cannot be loaded as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise BadInput(f"loading {path_text!r} failed: {type(error).__name__}: {error}") from error
+    function = getattr(module, func_name, None)
+    if not callable(function):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise BadInput(
+            f"{path_text!r} has no function {func_name!r}",
+            hint=f"it defines: {', '.join(names) or 'nothing callable'}",
+        )
+    cloudpickle.register_pickle_by_value(module)
+    return function
+
+
+def default_study_name(objective: Callable[..., Any]) -> str:
+    """``<file stem>-<function name>``: the same for the CLI and the script that defines it."""
+    code = getattr(objective, "__code__", None)
+    stem = Path(code.co_filename).stem if code is not None else "study"
+    name = getattr(objective, "__name__", type(objective).__name__)
+    return re.sub(r"[^\w.-]", "_", f"{stem}-{name}")
+
+
+def resolve_storage(spec: Any, study_name: str) -> Any:
+    """A storage object from None (journal file ``./<study>.optuna.log``), a URL or a path.
+
+    ``sqlite:///x.db``, ``postgresql://...`` and other SQLAlchemy URLs give an RDBStorage; a
+    plain path gives a journal file. Anything else is a BadInput naming what is accepted.
+    """
+    import optuna
+    from optuna.storages import BaseStorage, JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if isinstance(spec, BaseStorage):
+        return spec
+    if spec is None:
+        spec = f"{study_name}.optuna.log"
+    text = str(spec)
+    if "://" in text:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            make_url(text).get_dialect()
+        except (ArgumentError, NoSuchModuleError, ValueError) as error:
+            raise BadInput(
+                f"storage {text!r} is not a usable database URL: {error}",
+                hint="use sqlite:///FILE.db, postgresql://..., mysql://..., or a journal file path",
+            ) from error
+        try:
+            return optuna.storages.RDBStorage(text)
+        except Exception as error:
+            raise BadInput(f"storage {text!r} cannot be opened: {error}") from error
+    path = Path(text)
+    if text.endswith((":", "/")) or path.is_dir() or not path.parent.is_dir():
+        raise BadInput(
+            f"storage {text!r} is neither a database URL nor a file in an existing directory",
+            hint="use sqlite:///FILE.db, postgresql://..., or a journal file like study.optuna.log",
+        )
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def counted(trial: Any) -> bool:
+    """Whether a trial counts toward ``n_trials``: finished and not an orphan replaced later."""
+    return trial.state.is_finished() and not trial.user_attrs.get(ATTR_ORPHANED)
+
+
+def recover_orphans(study: Any) -> list[int]:
+    """Fail trials left RUNNING by a dead driver and enqueue their parameters again.
+
+    Only one driver may run a study at a time: a RUNNING trial at start belongs to no one.
+    Returns the numbers of the trials recovered.
+    """
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_user_attr(trial._trial_id, ATTR_ORPHANED, True)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        study.enqueue_trial(
+            trial.params, user_attrs={ATTR_RETRY_OF: trial.number}, skip_if_exists=False
+        )
+        recovered.append(trial.number)
+    if recovered:
+        logger.info("recovered orphaned trials %s; their parameters are enqueued", recovered)
+    return recovered
