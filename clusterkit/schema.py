@@ -277,18 +277,33 @@ class SSHProfile(ClusterProfile):
     known_hosts: str | None = Field(None, description="default: ~/.ssh/known_hosts")
     strict_host_keys: bool = Field(True, description="false turns host-key checks off (warned)")
     remote_python: str | None = Field(None, description="python on the hosts; default: this one")
-    workers_per_host: int = Field(1, ge=1, le=MAX_WORKERS)
+    workers_per_host: int = Field(1, ge=1, le=MAX_WORKERS, description="workers on each host")
     interface: str | None = Field(None, description="interface workers bind and advertise")
     connect_timeout: Duration = 10.0
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="ignored: hosts x workers_per_host")
 
     @property
     def min_workers(self) -> int:
-        return len(self.hosts) * self.workers_per_host
+        per_host = self.worker.gpus or self.workers_per_host  # dask-cuda: one worker per GPU
+        return len(self.hosts) * per_host
+
+    @model_validator(mode="after")
+    def _gpus_per_host(self) -> SSHProfile:
+        if self.worker.gpus and self.workers_per_host != 1:
+            raise ValueError(
+                "with worker.gpus, each host runs one worker per GPU (dask-cuda): "
+                "leave workers_per_host at 1"
+            )
+        return self
 
 
 class JobQueueProfile(ClusterProfile):
-    """Fields shared by batch-scheduler backends (dask-jobqueue)."""
+    """Fields shared by batch-scheduler backends (dask-jobqueue).
+
+    A job runs ``processes`` workers that share its ``cores`` and ``memory``; ``workers``
+    counts workers (not jobs). With GPUs each worker is a dask-cuda worker with one GPU,
+    so a job asks for ``processes`` GPUs.
+    """
 
     queue: str | None = Field(None, description="queue or partition")
     account: str | None = None
@@ -303,16 +318,52 @@ class JobQueueProfile(ClusterProfile):
     log_directory: str | None = None
     lifetime: Duration | None = Field(None, description="worker lifetime; default below walltime")
     lifetime_stagger: Duration | None = None
+    lifetime_restart: bool = Field(
+        False, description="restart the worker in the same job at its lifetime (not for walltime)"
+    )
     python: str | None = Field(None, description="python on the compute nodes")
     death_timeout: Duration = 60.0
+    job_name: str = Field("clusterkit", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+    @model_validator(mode="after")
+    def _per_job_sizes(self) -> JobQueueProfile:
+        if self.processes > self.cores:
+            raise ValueError(
+                f"processes ({self.processes}) is above cores ({self.cores}): "
+                "each worker needs at least one core"
+            )
+        if self.worker.gpus > 1:
+            raise ValueError(
+                "dask-cuda runs one worker per GPU: keep worker.gpus at 1 and set processes "
+                "to the GPUs per job"
+            )
+        given = self.worker.model_fields_set & {"threads", "memory"}
+        if given:
+            raise ValueError(
+                f"worker.{sorted(given)[0]} is derived for batch jobs: set cores, memory "
+                "and processes (per job); each worker gets cores/processes threads"
+            )
+        latest = (self.lifetime or 0) + (self.lifetime_stagger or 0)
+        if self.lifetime is not None and latest >= walltime_seconds(self.walltime):
+            raise ValueError(
+                f"lifetime + lifetime_stagger ({latest:.0f}s) must be below the walltime "
+                f"({self.walltime}) so that workers leave before the batch system kills them"
+            )
+        return self
 
 
 class SLURMProfile(JobQueueProfile):
+    """Workers in SLURM jobs (dask_jobqueue.SLURMCluster)."""
+
     backend: Literal["slurm"]
-    gpu_directive: Literal["gres", "gpus-per-task"] = "gres"
+    gpu_directive: Literal["gres", "gpus-per-task"] = Field(
+        "gres", description="how a job asks for GPUs: --gres=gpu:N or --gpus-per-task=N"
+    )
 
 
 class PBSProfile(JobQueueProfile):
+    """Workers in PBS jobs (dask_jobqueue.PBSCluster)."""
+
     backend: Literal["pbs"]
     resource_spec: str | None = Field(None, description="override the select=... line")
 
@@ -388,9 +439,7 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema of a profile file, for editors."""
     from pydantic import TypeAdapter
 
-    adapter: TypeAdapter[Any] = TypeAdapter(
-        Annotated[AnyProfile, Field(discriminator="backend")]
-    )
+    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[AnyProfile, Field(discriminator="backend")])
     schema = adapter.json_schema()
     schema["title"] = "clusterkit profile"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -103,8 +103,12 @@ def test_render_shows_each_host_and_binding(lab: Lab) -> None:
 
 
 def test_render_gpu_uses_dask_cuda_and_gpu_resource(lab: Lab) -> None:
-    text = ssh.render(lab.profile(worker={"gpus": 2}), tcp())
-    assert "dask_cuda.CUDAWorker" in text and '"GPU": 2.0' in text
+    profile = lab.profile(worker={"gpus": 2}, hosts=["127.0.0.1", "127.0.0.2"])
+    text = ssh.render(profile, tcp())
+    assert "dask_cuda.CUDAWorker" in text and '"GPU": 1.0' in text
+    assert "CUDA_VISIBLE_DEVICES=0,1" in text and profile.min_workers == 4
+    with pytest.raises(ValueError, match="workers_per_host"):
+        lab.profile(worker={"gpus": 1}, workers_per_host=2)
 
 
 def test_render_tls_points_at_private_remote_copies(lab: Lab) -> None:

@@ -177,6 +177,17 @@ def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) ->
         if bind:
             opts["host"] = bind
     resources = profile.worker_resources()
+    if profile.worker.gpus:
+        # one CUDAWorker per host starts one worker per visible GPU, each owning one
+        opts["n_workers"] = 1
+        resources["GPU"] = 1.0
+        if security.protocol == "ucx":
+            opts.update(
+                enable_tcp_over_ucx=True,
+                enable_infiniband=profile.ucx.infiniband,
+                enable_nvlink=profile.ucx.nvlink,
+                enable_rdmacm=profile.ucx.rdmacm,
+            )
     if resources:
         opts["resources"] = resources
     if profile.preload:
@@ -191,6 +202,8 @@ def scheduler_host(profile: SSHProfile) -> str:
 def plan(profile: SSHProfile, security: ClusterSecurity, timeout: float | None = None) -> Plan:
     """The whole start plan of a profile (pure, apart from resolving host names)."""
     env = {**security.env, **profile.env}
+    if profile.worker.gpus:
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(profile.worker.gpus))))
     return Plan(
         scheduler_host=scheduler_host(profile),
         worker_hosts=list(profile.hosts),

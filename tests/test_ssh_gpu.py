@@ -1,0 +1,28 @@
+"""dask-cuda workers over SSH (gpu tier: skips, with its reason, on a machine without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterkit.backends import ssh
+from tests.test_ssh import Lab, lab, no_remote_leftovers, tcp  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.gpu
+
+
+def test_gpu_workers_over_ssh(lab: Lab) -> None:  # noqa: F811 - the imported fixture
+    from distributed import Client
+
+    from tests.conftest import gpu_skip_reason
+
+    reason = gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = ssh.create_cluster(lab.profile(worker={"gpus": 1}), tcp())
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            (worker,) = client.scheduler_info(n_workers=-1)["workers"].values()
+            assert worker["resources"] == {"GPU": 1.0}
+    finally:
+        cluster.close()
