@@ -191,12 +191,9 @@ def _ddp_train(ctx: Any) -> int:
 
 
 def _hpo_workload(client: Any) -> None:
-    import optuna
-
     from clusterkit.runners import hpo
 
-    study = optuna.create_study(direction="minimize")
-    hpo.run(_objective, study=study, client=client, n_trials=6)
+    study = hpo.run(_objective, n_trials=6, client=client, progress=False)
     assert len(study.trials) == 6 and study.best_value < 5
 
 
