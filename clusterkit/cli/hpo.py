@@ -34,12 +34,12 @@ def hpo(
     from clusterkit.runners import hpo_inputs
 
     objective = hpo_inputs.load_objective(target)
-    name = study_name or hpo_inputs.default_study_name(objective)
-    store = hpo_inputs.resolve_storage(storage, name)
     if profile is not None:  # an unknown profile fails here, before anything starts
         from clusterkit.profiles import load_profile
 
         load_profile(profile)
+    name = study_name or hpo_inputs.default_study_name(objective)
+    store = hpo_inputs.resolve_storage(storage, name)
 
     from clusterkit import console
     from clusterkit.client import get_client
