@@ -156,7 +156,7 @@ def test_worker_killed_mid_trial(
 
 def test_gpu_request_without_gpu_workers_fails_fast(client: object) -> None:
     started = time.monotonic()
-    with pytest.raises(BadInput, match="no worker advertises .*GPU=1"):
+    with pytest.raises(BadInput, match=r"no worker advertises .*GPU=1"):
         hpo.run(
             pruned_objective,
             n_trials=2,
