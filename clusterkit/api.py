@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -21,6 +22,7 @@ from clusterkit.backends.base import (
     get_backend,
     require,
 )
+from clusterkit.client import connect
 from clusterkit.errors import (
     BadInput,
     ClusterExists,
@@ -33,8 +35,6 @@ from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
 
 if TYPE_CHECKING:
-    from distributed import Client
-
     from clusterkit.schema import ProfileCommon
 
 #: Seconds `up` waits beyond the profile's start timeout for the supervisor's own start.
@@ -66,7 +66,9 @@ def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
     security = ClusterSecurity(protocol=profile.protocol)
     if profile.protocol == "tls":
         security = ClusterSecurity(
-            protocol="tls", ca_file="<cluster dir>/ca.pem", cert_file="<cluster dir>/cert.pem",
+            protocol="tls",
+            ca_file="<cluster dir>/ca.pem",
+            cert_file="<cluster dir>/cert.pem",
             key_file="<cluster dir>/key.pem",
         )
     elif profile.protocol == "ucx":
@@ -132,10 +134,16 @@ def _up_detached(
             teardown(cluster)
         raise
     record = ClusterRecord(
-        name=name, backend=profile.backend_name, profile=profile.name,
-        profile_source=profile.source, digest=profile.digest(),
-        address=cluster.scheduler_address, dashboard=getattr(cluster, "dashboard_link", None),
-        pid=None, security=security.to_dict(), min_workers=int(getattr(profile, "min_workers", 0)),
+        name=name,
+        backend=profile.backend_name,
+        profile=profile.name,
+        profile_source=profile.source,
+        digest=profile.digest(),
+        address=cluster.scheduler_address,
+        dashboard=getattr(cluster, "dashboard_link", None),
+        pid=None,
+        security=security.to_dict(),
+        min_workers=int(getattr(profile, "min_workers", 0)),
         extra=dict(getattr(backend, "record_extra", lambda c, p: {})(cluster, profile)),
     )
     state.write_record(record)
@@ -155,10 +163,21 @@ def _up_supervised(
     log = open(directory / "supervisor.log", "ab")  # noqa: SIM115 - handed to the child
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "clusterkit.supervisor", "--name", name,
-             "--ready-fd", str(write_fd)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(write_fd,),
-            start_new_session=True, close_fds=True,
+            [
+                sys.executable,
+                "-m",
+                "clusterkit.supervisor",
+                "--name",
+                name,
+                "--ready-fd",
+                str(write_fd),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            close_fds=True,
         )
     finally:
         os.close(write_fd)
@@ -176,8 +195,11 @@ def _up_supervised(
         state.remove_cluster(name)
         if reply is None:
             code = process.returncode
-            why = (f"exited with code {code} before it was ready" if code is not None and code >= 0
-                   else f"gave no answer within {profile.start_timeout + SUPERVISOR_GRACE:.0f}s")
+            why = (
+                f"exited with code {code} before it was ready"
+                if code is not None and code >= 0
+                else f"gave no answer within {profile.start_timeout + SUPERVISOR_GRACE:.0f}s"
+            )
             raise ClusterStartError(why, component="supervisor", evidence=evidence)
         raise _error_from_reply(reply, evidence)
     return ClusterRecord(**reply["record"])
@@ -194,8 +216,9 @@ def _error_from_reply(reply: dict[str, Any], evidence: list[str]) -> ClusterkitE
         return error
     component = str(reply.get("component") or "supervisor")
     message = message.removeprefix(f"{component}: ")
-    return ClusterStartError(message, component=component, evidence=evidence,
-                             hint=reply.get("hint"))
+    return ClusterStartError(
+        message, component=component, evidence=evidence, hint=reply.get("hint")
+    )
 
 
 def _read_reply(fd: int, timeout: float, process: subprocess.Popen[bytes]) -> dict[str, Any] | None:
@@ -235,10 +258,8 @@ def _kill_group(pid: int, grace: float) -> None:
         if not _group_alive(pid):
             return
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -270,7 +291,7 @@ def get_record(name: str) -> ClusterRecord:
 
 
 def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
-    """Close a cluster gracefully, then kill its process group after ``timeout``; drop the record."""
+    """Close gracefully, kill the process group after ``timeout``, drop the record."""
     record = get_record(name)
     with state.lock(name):
         if record.pid is None:
@@ -284,10 +305,8 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
 
 
 def _stop_supervisor(pid: int, timeout: float) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and state.pid_alive(pid):
         time.sleep(0.05)
@@ -307,11 +326,18 @@ def list_clusters() -> list[dict[str, Any]]:
     rows = []
     for record in state.records():
         info = _scheduler_summary(record)
-        rows.append({
-            "name": record.name, "backend": record.backend, "address": record.address,
-            "workers": info.get("workers"), "gpus": info.get("gpus"),
-            "age": record.age, "state": info.get("state", "up"), "dashboard": record.dashboard,
-        })
+        rows.append(
+            {
+                "name": record.name,
+                "backend": record.backend,
+                "address": record.address,
+                "workers": info.get("workers"),
+                "gpus": info.get("gpus"),
+                "age": record.age,
+                "state": info.get("state", "up"),
+                "dashboard": record.dashboard,
+            }
+        )
     return rows
 
 
@@ -325,21 +351,7 @@ def _scheduler_summary(record: ClusterRecord) -> dict[str, Any]:
     return {"workers": len(workers), "gpus": gpus, "state": "up"}
 
 
-# ---------------------------------------------------------------------------- attach / status
-
-
-def connect(record: ClusterRecord, *, timeout: float = 30) -> Client:
-    """A plain Client to a live record's scheduler (re-attaching DETACHED backends)."""
-    security = ClusterSecurity.from_dict(record.security)
-    security.apply_env()
-    if record.pid is None:
-        attach = getattr(get_backend(record.backend), "attach", None)
-        if attach is not None:
-            return attach(record)  # type: ignore[no-any-return]
-    from distributed import Client
-
-    return Client(record.address, security=security.distributed(), timeout=timeout,
-                  set_as_default=False)
+# ---------------------------------------------------------------------------- status
 
 
 def status(name: str) -> dict[str, Any]:
@@ -350,19 +362,26 @@ def status(name: str) -> dict[str, Any]:
         processing = client.processing()
     workers = []
     for address, worker in sorted(info["workers"].items()):
-        workers.append({
-            "address": address,
-            "name": str(worker.get("name")),
-            "threads": worker.get("nthreads"),
-            "memory_limit": worker.get("memory_limit"),
-            "memory": worker.get("metrics", {}).get("memory"),
-            "gpus": int(worker.get("resources", {}).get("GPU", 0)),
-            "processing": len(processing.get(address, ())),
-        })
+        workers.append(
+            {
+                "address": address,
+                "name": str(worker.get("name")),
+                "threads": worker.get("nthreads"),
+                "memory_limit": worker.get("memory_limit"),
+                "memory": worker.get("metrics", {}).get("memory"),
+                "gpus": int(worker.get("resources", {}).get("GPU", 0)),
+                "processing": len(processing.get(address, ())),
+            }
+        )
     rows = _control(record, {"op": "describe"}).get("rows", []) if record.control else []
     return {
-        "name": record.name, "backend": record.backend, "address": record.address,
-        "dashboard": record.dashboard, "age": record.age, "workers": workers, "rows": rows,
+        "name": record.name,
+        "backend": record.backend,
+        "address": record.address,
+        "dashboard": record.dashboard,
+        "age": record.age,
+        "workers": workers,
+        "rows": rows,
     }
 
 
@@ -403,8 +422,9 @@ def scale(name: str, n: int, *, wait: bool = True, timeout: float = 120) -> None
         deadline = time.monotonic() + timeout
         while len(client.scheduler_info(n_workers=-1)["workers"]) != n:
             if time.monotonic() > deadline:
-                raise ClusterStartError(f"did not reach {n} workers in {timeout:.0f}s",
-                                        component="scale")
+                raise ClusterStartError(
+                    f"did not reach {n} workers in {timeout:.0f}s", component="scale"
+                )
             time.sleep(0.2)
 
 

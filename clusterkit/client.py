@@ -15,7 +15,7 @@ from clusterkit.errors import BadInput, ClusterStartError
 if TYPE_CHECKING:
     from distributed import Client
 
-    from clusterkit.schema import ProfileCommon
+    from clusterkit.state import ClusterRecord
 
 DEFAULT_TIMEOUT = 30.0
 ProfileRef = Any  # a profile name, a path to a profile file, a loaded profile, or None
@@ -101,12 +101,28 @@ def get_client(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) 
 
         record = state.read_record(name)
         if record is not None and state.is_live(record):
-            from clusterkit.api import connect
-
             return connect(record, timeout=timeout)
 
-    cluster, client = _embedded(profile, timeout)
+    _cluster, client = _embedded(profile, timeout)
     return client
+
+
+def connect(record: ClusterRecord, *, timeout: float = 30) -> Client:
+    """A plain Client to a live record's scheduler (re-attaching DETACHED backends)."""
+    from clusterkit.backends.base import get_backend
+    from clusterkit.security import ClusterSecurity
+
+    security = ClusterSecurity.from_dict(record.security)
+    security.apply_env()
+    if record.pid is None:
+        attach = getattr(get_backend(record.backend), "attach", None)
+        if attach is not None:
+            return attach(record)  # type: ignore[no-any-return]
+    from distributed import Client
+
+    return Client(
+        record.address, security=security.distributed(), timeout=timeout, set_as_default=False
+    )
 
 
 def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
@@ -165,8 +181,10 @@ def _remove_tree(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def cluster(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) -> Iterator[tuple[Any, Client]]:
-    """``with clusterkit.cluster("local") as (cluster, client):`` an embedded cluster for a block."""
+def cluster(
+    profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT
+) -> Iterator[tuple[Any, Client]]:
+    """``with clusterkit.cluster("local") as (cluster, client):`` an embedded cluster."""
     cluster_object, client = _embedded(profile, timeout)
     try:
         yield cluster_object, client

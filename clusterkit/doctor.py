@@ -21,9 +21,12 @@ def _versions() -> list[Check]:
     ok = sys.version_info >= (3, 10)
     return [
         Check("python", ok, platform.python_version(), fix="use Python 3.10 or newer"),
-        Check("dask / distributed", dask.__version__ == distributed.__version__,
-              f"dask {dask.__version__}, distributed {distributed.__version__}",
-              fix="install matching dask and distributed releases"),
+        Check(
+            "dask / distributed",
+            dask.__version__ == distributed.__version__,
+            f"dask {dask.__version__}, distributed {distributed.__version__}",
+            fix="install matching dask and distributed releases",
+        ),
     ]
 
 
@@ -37,8 +40,14 @@ def _extras(profile: ProfileCommon) -> list[Check]:
     checks = []
     for module, package, extra in needed:
         present = find_spec(module) is not None
-        checks.append(Check(f"extra [{extra}]", present, package if present else f"{package} missing",
-                            fix=f"pip install 'clusterkit[{extra}]'"))
+        checks.append(
+            Check(
+                f"extra [{extra}]",
+                present,
+                package if present else f"{package} missing",
+                fix=f"pip install 'clusterkit[{extra}]'",
+            )
+        )
     return checks
 
 
@@ -50,19 +59,26 @@ def _gpus(profile: ProfileCommon) -> Check:
         return Check("GPUs (NVML)", True, detail)
     # Only a local GPU profile needs GPUs on *this* machine.
     local_gpu = wants and profile.backend_name in {"local", "local-cuda"}
-    return Check("GPUs (NVML)", not local_gpu, why_not or "no GPU",
-                 fix="install the NVIDIA driver, or use a CPU profile")
+    return Check(
+        "GPUs (NVML)",
+        not local_gpu,
+        why_not or "no GPU",
+        fix="install the NVIDIA driver, or use a CPU profile",
+    )
 
 
 def _ucx(profile: ProfileCommon) -> Check:
     present = find_spec("distributed_ucxx") is not None
-    return Check("UCX (distributed-ucxx)", present or profile.protocol != "ucx",
-                 "available" if present else "not installed",
-                 fix="pip install 'clusterkit[ucx]'")
+    return Check(
+        "UCX (distributed-ucxx)",
+        present or profile.protocol != "ucx",
+        "available" if present else "not installed",
+        fix="pip install 'clusterkit[ucx]'",
+    )
 
 
 def _connection_back(profile: ProfileCommon) -> Check:
-    """A worker process connects back to the address a scheduler on the profile's host advertises."""
+    """A worker process reaches the address a scheduler on the profile's host advertises."""
     import tempfile
     from pathlib import Path
 
@@ -75,17 +91,28 @@ def _connection_back(profile: ProfileCommon) -> Check:
         security = prepare(profile, Path(tmp), [scheduler.host] if scheduler.host else [])
         security.apply_env()
         try:
-            with LocalCluster(
-                n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                host=None if scheduler.interface else (scheduler.host or "127.0.0.1"),
-                interface=scheduler.interface, protocol=f"{security.scheme}://",
-                security=security.distributed(),
-            ) as cluster, Client(cluster, security=security.distributed()) as client:
+            with (
+                LocalCluster(
+                    n_workers=1,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    host=None if scheduler.interface else (scheduler.host or "127.0.0.1"),
+                    interface=scheduler.interface,
+                    protocol=f"{security.scheme}://",
+                    security=security.distributed(),
+                ) as cluster,
+                Client(cluster, security=security.distributed()) as client,
+            ):
                 answer = client.submit(sum, [20, 22]).result(timeout=30)
                 address = cluster.scheduler_address
         except Exception as error:
-            return Check("worker -> scheduler connection", False, f"{type(error).__name__}: {error}",
-                         fix="set scheduler.host or scheduler.interface to a reachable address")
+            return Check(
+                "worker -> scheduler connection",
+                False,
+                f"{type(error).__name__}: {error}",
+                fix="set scheduler.host or scheduler.interface to a reachable address",
+            )
     return Check("worker -> scheduler connection", answer == 42, f"task ran via {address}")
 
 

@@ -127,7 +127,9 @@ def _read_text(path: Path, shown: str) -> str:
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise ProfileError(
-            f"not UTF-8 text (byte 0x{raw[error.start]:02x})", file=shown, line=line,
+            f"not UTF-8 text (byte 0x{raw[error.start]:02x})",
+            file=shown,
+            line=line,
             hint="save the file as UTF-8",
         ) from None
 
@@ -140,10 +142,15 @@ class _Reader:
         self.nodes = 0
         self.lines: dict[Path_, tuple[str, int]] = {}
 
-    def fail(self, node: yaml.Node, message: str, path: Path_ = (), hint: str | None = None) -> None:
+    def fail(
+        self, node: yaml.Node, message: str, path: Path_ = (), hint: str | None = None
+    ) -> None:
         raise ProfileError(
-            message, file=self.shown, line=node.start_mark.line + 1,
-            field=dotted(path) or None, hint=hint,
+            message,
+            file=self.shown,
+            line=node.start_mark.line + 1,
+            field=dotted(path) or None,
+            hint=hint,
         )
 
     def convert(self, node: yaml.Node, path: Path_) -> Any:
@@ -152,8 +159,12 @@ class _Reader:
             self.fail(node, f"document expands to more than {MAX_NODES} nodes (alias bomb?)")
         if node.tag not in _STANDARD_TAGS:
             if node.tag.startswith("tag:yaml.org,2002:python/") or node.tag.startswith("!"):
-                self.fail(node, f"YAML tag {node.tag!r} is not allowed", path,
-                          hint="profiles are plain data; remove the tag")
+                self.fail(
+                    node,
+                    f"YAML tag {node.tag!r} is not allowed",
+                    path,
+                    hint="profiles are plain data; remove the tag",
+                )
             self.fail(node, f"unsupported YAML type {node.tag!r}", path)
         self.lines.setdefault(path, (self.shown, node.start_mark.line + 1))
         if isinstance(node, yaml.MappingNode):
@@ -163,8 +174,12 @@ class _Reader:
                     self.fail(key_node, "keys must be plain strings", path)
                 key = str(yaml.SafeLoader.construct_scalar(_LOADER, key_node))  # type: ignore[arg-type]
                 if key == "<<":
-                    self.fail(key_node, "merge keys ('<<') are not supported", path,
-                              hint="use `extends: other-profile` instead")
+                    self.fail(
+                        key_node,
+                        "merge keys ('<<') are not supported",
+                        path,
+                        hint="use `extends: other-profile` instead",
+                    )
                 if key in result:
                     self.fail(key_node, f"duplicate key '{key}'", (*path, key))
                 self.lines[(*path, key)] = (self.shown, key_node.start_mark.line + 1)
@@ -196,8 +211,12 @@ def read_file(path: Path) -> Located:
     if not text.strip() or all(
         not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
     ):
-        raise ProfileError("empty profile", file=shown, line=1,
-                           hint="a profile is a mapping with at least `backend:`")
+        raise ProfileError(
+            "empty profile",
+            file=shown,
+            line=1,
+            hint="a profile is a mapping with at least `backend:`",
+        )
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as error:
@@ -206,14 +225,18 @@ def read_file(path: Path) -> Located:
     nodes = [n for n in nodes if n is not None]
     if len(nodes) != 1:
         raise ProfileError(
-            "a profile is one YAML document", file=shown,
+            "a profile is one YAML document",
+            file=shown,
             line=nodes[1].start_mark.line + 1 if len(nodes) > 1 else 1,
         )
     root = nodes[0]
     if not isinstance(root, yaml.MappingNode):
         kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
-        raise ProfileError(f"the top level must be a mapping, got {kind}", file=shown,
-                           line=root.start_mark.line + 1)
+        raise ProfileError(
+            f"the top level must be a mapping, got {kind}",
+            file=shown,
+            line=root.start_mark.line + 1,
+        )
     reader = _Reader(shown)
     data = reader.convert(root, ())
     return Located(data, reader.lines)
@@ -252,25 +275,29 @@ def _merge(base: Located, child: Located) -> Located:
 def _resolve_extends(path: Path, chain: tuple[Path, ...] = ()) -> Located:
     resolved = path.resolve()
     if len(chain) >= MAX_EXTENDS_DEPTH:
-        raise ProfileError(f"`extends` is nested deeper than {MAX_EXTENDS_DEPTH}",
-                           file=_display(path))
+        raise ProfileError(
+            f"`extends` is nested deeper than {MAX_EXTENDS_DEPTH}", file=_display(path)
+        )
     located = read_file(path)
     parent_ref = located.data.pop("extends", None)
     if parent_ref is None:
         return located
     file, line = located.lines[("extends",)]
     if not isinstance(parent_ref, str) or not parent_ref:
-        raise ProfileError("expected the name of another profile", file=file, line=line,
-                           field="extends")
+        raise ProfileError(
+            "expected the name of another profile", file=file, line=line, field="extends"
+        )
     try:
         parent_path = _find_parent(parent_ref, path)
     except ProfileError as error:
-        raise ProfileError(error.message, file=file, line=line, field="extends",
-                           hint=error.hint) from None
+        raise ProfileError(
+            error.message, file=file, line=line, field="extends", hint=error.hint
+        ) from None
     if parent_path.resolve() in (*chain, resolved):
         cycle = " -> ".join(p.stem for p in (*chain, resolved, parent_path.resolve()))
-        raise ProfileError(f"`extends` forms a cycle: {cycle}", file=file, line=line,
-                           field="extends")
+        raise ProfileError(
+            f"`extends` forms a cycle: {cycle}", file=file, line=line, field="extends"
+        )
     parent = _resolve_extends(parent_path, (*chain, resolved))
     return _merge(parent, located)
 
@@ -304,8 +331,11 @@ def _interpolate(located: Located) -> None:
                     return default
                 file, line = located.lines.get(path, (None, None))
                 raise ProfileError(
-                    f"environment variable {name} is not set", file=file, line=line,
-                    field=dotted(path), hint=f"export {name}=... or write ${{{name}:-default}}",
+                    f"environment variable {name} is not set",
+                    file=file,
+                    line=line,
+                    field=dotted(path),
+                    hint=f"export {name}=... or write ${{{name}:-default}}",
                 )
             return value
 
@@ -364,31 +394,41 @@ def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]
     if kind == "extra_forbidden":
         fields = _walk_model_fields(model, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-        return "unknown field", (f"did you mean '{close[0]}'?" if close else
-                                 f"known fields: {', '.join(sorted(fields))}")
+        return "unknown field", (
+            f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(sorted(fields))}"
+        )
     if kind == "missing":
         return "required field is missing", None
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
         choices = re.findall(r"'([^']*)'", expected)
         close = difflib.get_close_matches(str(value), choices, n=1)
-        return (f"expected one of {expected}, got {value!r}",
-                f"did you mean '{close[0]}'?" if close else None)
+        return (
+            f"expected one of {expected}, got {value!r}",
+            f"did you mean '{close[0]}'?" if close else None,
+        )
     if kind == "value_error":
         return str(error["msg"]).removeprefix("Value error, "), None
     if kind in {"string_pattern_mismatch"}:
         return f"{value!r} has the wrong form", None
     ctx = error.get("ctx", {})
     bounds = {
-        "greater_than_equal": ("at least", "ge"), "greater_than": ("above", "gt"),
-        "less_than_equal": ("at most", "le"), "less_than": ("below", "lt"),
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("above", "gt"),
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("below", "lt"),
     }
     if kind in bounds:
         word, key = bounds[kind]
         return f"must be {word} {ctx.get(key)}, got {value!r}", None
     expected = {
-        "int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
-        "list": "a list", "dict": "a mapping", "model": "a mapping",
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "string": "a string",
+        "list": "a list",
+        "dict": "a mapping",
+        "model": "a mapping",
     }
     for prefix, noun in expected.items():
         if kind.startswith(prefix + "_") or kind == f"{prefix}_type":
@@ -406,19 +446,27 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
     backend = data.get("backend")
     file, line = located.lines.get(("backend",), (source, 1))
     if backend is None:
-        raise ProfileError("required field is missing", file=source, line=1, field="backend",
-                           hint=f"one of: {', '.join(MODELS)}")
+        raise ProfileError(
+            "required field is missing",
+            file=source,
+            line=1,
+            field="backend",
+            hint=f"one of: {', '.join(MODELS)}",
+        )
     if not isinstance(backend, str) or backend not in MODELS:
         close = difflib.get_close_matches(str(backend), list(MODELS), n=1)
         raise ProfileError(
-            f"unknown backend {backend!r}", file=file, line=line, field="backend",
+            f"unknown backend {backend!r}",
+            file=file,
+            line=line,
+            field="backend",
             hint=f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(MODELS)}",
         )
     model = MODELS[backend]
     try:
         profile = model.model_validate(data)
     except ValidationError as error:
-        errors = error.errors(include_url=False)
+        errors: list[Any] = list(error.errors(include_url=False))
 
         def line_of(err: dict[str, Any]) -> int:
             return _line_for(located, _clean_loc(tuple(err["loc"])))[1] or 0
@@ -427,8 +475,9 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
         loc = _clean_loc(tuple(first["loc"]))
         where_file, where_line = _line_for(located, loc)
         message, hint = _friendly(first, model)
-        raise ProfileError(message, file=where_file or source, line=where_line,
-                           field=dotted(loc), hint=hint) from None
+        raise ProfileError(
+            message, file=where_file or source, line=where_line, field=dotted(loc), hint=hint
+        ) from None
     return profile.named(name, source)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from clusterkit import state
 from clusterkit.backends.base import Backend, get_backend
 from clusterkit.errors import ClusterkitError, ClusterStartError
-from clusterkit.schema import MODELS, ClusterProfile
+from clusterkit.schema import MODELS
 from clusterkit.security import ClusterSecurity
 
 logger = logging.getLogger("clusterkit.supervisor")
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-fd", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
+        level=logging.INFO,
+        stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     directory = state.cluster_dir(args.name)
@@ -210,21 +211,34 @@ def main(argv: list[str] | None = None) -> int:
         record = supervisor.start()
         supervisor.serve()
     except ClusterkitError as error:
-        evidence = getattr(error, "evidence", None) or log_tail(directory)
-        _report(args.ready_fd, {
-            "ok": False, "type": type(error).__name__, "message": error.message,
-            "hint": error.hint, "component": getattr(error, "component", "supervisor"),
-            "evidence": evidence,
-        })
+        # the library's own account first, then what the processes wrote to stderr
+        evidence = [*getattr(error, "evidence", []), *log_tail(directory, 10)]
+        _report(
+            args.ready_fd,
+            {
+                "ok": False,
+                "type": type(error).__name__,
+                "message": error.message,
+                "hint": error.hint,
+                "component": getattr(error, "component", "supervisor"),
+                "evidence": evidence,
+            },
+        )
         if supervisor is not None:
             supervisor.close()
         return 1
     except BaseException as error:
         logger.exception("start failed")
-        _report(args.ready_fd, {
-            "ok": False, "type": "ClusterStartError", "message": f"{type(error).__name__}: {error}",
-            "component": "supervisor", "evidence": log_tail(directory),
-        })
+        _report(
+            args.ready_fd,
+            {
+                "ok": False,
+                "type": "ClusterStartError",
+                "message": f"{type(error).__name__}: {error}",
+                "component": "supervisor",
+                "evidence": log_tail(directory),
+            },
+        )
         if supervisor is not None:
             supervisor.close()
         return 1

@@ -75,8 +75,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # ------------------------------------------------------------------ leftover processes
 
 
+#: Per-interpreter helpers that multiprocessing starts once and keeps for the life of the
+#: pytest process itself (not something a test leaked).
+_INTERPRETER_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
 def token_processes(token: str = _TOKEN) -> set[int]:
-    """PIDs (other than this one) whose environment carries the test token."""
+    """PIDs (other than this one and its multiprocessing helpers) carrying the test token."""
     needle = f"{TOKEN_VAR}={token}".encode()
     me = os.getpid()
     found: set[int] = set()
@@ -87,11 +92,16 @@ def token_processes(token: str = _TOKEN) -> set[int]:
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 environ = handle.read()
             with open(f"/proc/{entry}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read()
         except OSError:
             continue
-        if state != b"Z" and needle in environ.split(b"\0"):
-            found.add(int(entry))
+        if fields[0] == b"Z" or needle not in environ.split(b"\0"):
+            continue
+        if int(fields[1]) == me and any(h in cmdline for h in _INTERPRETER_HELPERS):
+            continue
+        found.add(int(entry))
     return found
 
 

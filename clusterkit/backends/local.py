@@ -39,7 +39,9 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
         "dashboard_address": dashboard,
         "protocol": f"{security.scheme}://",
         "security": security.distributed(),
-        "scheduler_kwargs": {"idle_timeout": profile.idle_timeout} if profile.idle_timeout else None,
+        "scheduler_kwargs": {"idle_timeout": profile.idle_timeout}
+        if profile.idle_timeout
+        else None,
     }
     resources = profile.worker_resources()
     if resources:
@@ -79,12 +81,17 @@ def _started(factory: Any, component: str, **kwargs: Any) -> Cluster:
         return factory(**kwargs)
     except ClusterStartError:
         raise
-    except Exception as error:  # distributed raises many kinds; keep the cause
-        lines = [line for line in str(error).splitlines() if line.strip()][-12:]
+    except Exception as error:  # distributed raises many kinds; keep the whole cause chain
+        lines: list[str] = []
+        cause: BaseException | None = error
+        while cause is not None and len(lines) < 24:
+            text = f"{type(cause).__name__}: {cause}"
+            lines.extend(line for line in text.splitlines() if line.strip())
+            cause = cause.__cause__ or cause.__context__
         raise ClusterStartError(
             f"could not start ({type(error).__name__})",
             component=component,
-            evidence=lines or [repr(error)],
+            evidence=lines[-12:],
         ) from error
 
 
@@ -157,7 +164,9 @@ class LocalCUDABackend:
     )
     REQUIRES: tuple[Requirement, ...] = (Requirement("dask_cuda", "dask-cuda", "cuda"),)
 
-    def cluster_kwargs(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> dict[str, Any]:
+    def cluster_kwargs(
+        self, profile: LocalCUDAProfile, security: ClusterSecurity
+    ) -> dict[str, Any]:
         kwargs = common_kwargs(profile, security)
         if profile.workers is None:
             kwargs.pop("n_workers", None)
@@ -187,13 +196,16 @@ class LocalCUDABackend:
         gpus, why_not = gpu_inventory()
         if not gpus:
             raise ClusterStartError(
-                why_not or "no GPU", component="local-cuda",
+                why_not or "no GPU",
+                component="local-cuda",
                 hint="use the `local` profile on a machine without GPUs",
             )
         _check_memory(profile)
         from dask_cuda import LocalCUDACluster
 
-        return _started(LocalCUDACluster, "local-cuda workers", **self.cluster_kwargs(profile, security))
+        return _started(
+            LocalCUDACluster, "local-cuda workers", **self.cluster_kwargs(profile, security)
+        )
 
     def doctor(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> list[Check]:
         gpus, why_not = gpu_inventory()

@@ -40,7 +40,11 @@ def down(
 
     if all_ == bool(name):
         raise BadInput("give a cluster name or --all (not both)")
-    names = api.down_all(timeout=timeout) if all_ else [api.down(name, timeout=timeout) or name]
+    if all_:
+        names = api.down_all(timeout=timeout)
+    else:
+        api.down(name, timeout=timeout)
+        names = [name]
     for closed in names:
         console.message(f"[green]down[/green] {closed}")
     if all_ and not names:
@@ -55,10 +59,22 @@ def ls(json_: bool = typer.Option(False, "--json", help="Machine-readable output
     if json_:
         console.print_json(rows)
         return
-    console.table(None, ["name", "backend", "address", "workers", "GPUs", "age", "state"], [
-        (r["name"], r["backend"], r["address"], r["workers"], r["gpus"], _age(r["age"]), r["state"])
-        for r in rows
-    ])
+    console.table(
+        None,
+        ["name", "backend", "address", "workers", "GPUs", "age", "state"],
+        [
+            (
+                r["name"],
+                r["backend"],
+                r["address"],
+                r["workers"],
+                r["gpus"],
+                _age(r["age"]),
+                r["state"],
+            )
+            for r in rows
+        ],
+    )
 
 
 def status(
@@ -78,15 +94,27 @@ def status(
         f"{info['name']} ({info['backend']}) at {info['address']}, up {_age(info['age'])}"
         + (f", dashboard {info['dashboard']}" if info["dashboard"] else "")
     )
-    console.table("workers", ["address", "threads", "memory", "limit", "GPUs", "processing"], [
-        (w["address"], w["threads"], format_bytes(w["memory"] or 0),
-         format_bytes(w["memory_limit"] or 0), w["gpus"], w["processing"])
-        for w in info["workers"]
-    ])
+    console.table(
+        "workers",
+        ["address", "threads", "memory", "limit", "GPUs", "processing"],
+        [
+            (
+                w["address"],
+                w["threads"],
+                format_bytes(w["memory"] or 0),
+                format_bytes(w["memory_limit"] or 0),
+                w["gpus"],
+                w["processing"],
+            )
+            for w in info["workers"]
+        ],
+    )
     if info["rows"]:
-        console.table(None, ["kind", "name", "state", "detail"], [
-            (r["kind"], r["name"], r["state"], r["detail"]) for r in info["rows"]
-        ])
+        console.table(
+            None,
+            ["kind", "name", "state", "detail"],
+            [(r["kind"], r["name"], r["state"], r["detail"]) for r in info["rows"]],
+        )
 
 
 def scale(

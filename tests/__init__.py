@@ -1,0 +1,1 @@
+"""clusterkit test suite."""

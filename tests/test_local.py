@@ -1,0 +1,218 @@
+"""The local backend end to end with real processes: contract, races, failures, TLS, UCX."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import clusterkit
+from clusterkit import api, state
+from clusterkit.errors import ClusterExists, ClusterNotFound, ClusterStartError
+from tests.contract import run_contract
+
+pytestmark = pytest.mark.local
+
+
+def profile_file(tmp_path: Path, text: str, name: str = "t") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_contract_local(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, """
+        backend: local
+        workers: 1
+        worker: {threads: 1, memory: 1GiB}
+        scheduler: {dashboard: false}
+    """, "contract")
+    record = run_contract(path, scale_to=2)
+    assert record.address.startswith("tcp://127.0.0.1:")
+    assert oct(os.stat(state.clusters_dir()).st_mode & 0o777) == "0o700"
+
+
+def test_record_and_state_are_private(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "private")
+    record = api.up(path)
+    try:
+        mode = os.stat(state.record_path(record.name)).st_mode & 0o777
+        assert mode == 0o600
+        assert os.stat(state.cluster_dir(record.name)).st_mode & 0o777 == 0o700
+        with pytest.raises(ClusterExists, match="already up"):
+            api.up(path)
+    finally:
+        api.down(record.name)
+    with pytest.raises(ClusterNotFound):
+        api.down(record.name)
+
+
+def test_two_racing_ups_make_one_cluster(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "race")
+    command = [sys.executable, "-m", "clusterkit", "up", str(path)]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    try:
+        codes = sorted(code for code, _ in results)
+        assert codes == [0, 2], results
+        loser = next(err for code, err in results if code == 2)
+        assert "race" in loser and ("being started" in loser or "already up" in loser)
+        assert [r.name for r in state.records()] == ["race"]
+    finally:
+        api.down("race")
+
+
+def test_up_down_twenty_times_leaves_nothing(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, """
+        backend: local
+        workers: 1
+        scheduler: {dashboard: false}
+    """, "again")
+    for _ in range(20):
+        record = api.up(path)
+        api.down(record.name)
+        assert state.read_record("again") is None
+        assert not state.pid_alive(record.pid)
+    assert state.records() == []
+
+
+@pytest.mark.parametrize(("body", "component", "evidence"), [
+    ("preload: [clusterkit_no_such_module]", "local workers", "clusterkit_no_such_module"),
+    ("scheduler: {interface: nosuch0}", "local workers", "nosuch0"),
+    ("worker: {memory: 100TiB}", "local workers", "this machine has"),
+], ids=["unimportable-preload", "bad-interface", "memory-does-not-fit"])
+def test_start_failures_name_component_and_leave_nothing(
+    tmp_path: Path, body: str, component: str, evidence: str
+) -> None:
+    path = profile_file(tmp_path, f"backend: local\nworkers: 1\nstart_timeout: 30s\n{body}\n", "bad")
+    with pytest.raises(ClusterStartError) as info:
+        api.up(path)
+    assert info.value.component == component
+    assert evidence in info.value.details()
+    assert state.read_record("bad") is None
+    assert not (state.clusters_dir() / "bad").exists()
+    with pytest.raises(ClusterStartError) as embedded:
+        clusterkit.get_client(path)
+    assert evidence in embedded.value.details()
+
+
+def test_cli_up_failure_exit_1_with_stderr_tail(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\npreload: [ck_missing_mod]\n", "cli")
+    done = subprocess.run([sys.executable, "-m", "clusterkit", "up", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: local workers: could not start")
+    assert "ck_missing_mod" in done.stderr and "Traceback" not in done.stderr.splitlines()[0]
+
+
+def test_cli_lifecycle(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "clitest")
+
+    def ck(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clusterkit", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    started = ck("up", str(path))
+    assert started.returncode == 0, started.stderr
+    try:
+        address = started.stdout.strip()
+        assert address.startswith("tcp://127.0.0.1:")
+        assert address in ck("ls").stdout
+        assert '"threads": 1' in ck("status", "clitest", "--json").stdout
+        assert ck("scale", "clitest", "2").returncode == 0
+        assert ck("status", "clitest", "--json").stdout.count('"address": "tcp://') == 3
+        assert "==> scheduler <==" in ck("logs", "clitest").stdout
+        assert ck("dashboard", "clitest").stdout.startswith("http://127.0.0.1:")
+        assert ck("up", str(path)).returncode == 2
+    finally:
+        done = ck("down", "--all")
+    assert done.returncode == 0 and "down clitest" in done.stderr
+    assert ck("status", "clitest").returncode == 2
+
+
+def test_get_client_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "resolve")
+    record = api.up(path)
+    try:
+        monkeypatch.setenv("CLUSTERKIT_PROFILE", "resolve")
+        with clusterkit.get_client() as client:  # CLUSTERKIT_PROFILE -> live record
+            assert client.scheduler.address == record.address
+            # inside a task, get_client() is the worker's client on the same scheduler
+            inner = client.submit(lambda: clusterkit.get_client().scheduler.address).result()
+            assert inner == record.address
+        monkeypatch.setenv("CLUSTERKIT_SCHEDULER", record.address)
+        with clusterkit.get_client("ignored-name") as client:
+            assert client.submit(sum, [1, 1]).result() == 2
+    finally:
+        api.down("resolve")
+
+
+def test_embedded_cluster_closes_with_client(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "backend: local\nworkers: 2\n", "emb")
+    client = clusterkit.get_client(path)
+    assert type(client).__name__ == "Client" and type(client).__module__ == "distributed.client"
+    assert len(client.scheduler_info()["workers"]) == 2
+    client.close()
+    with clusterkit.cluster(path) as (cluster, client):
+        assert client.submit(sum, [2, 3]).result() == 5
+    assert cluster.status.name == "closed"
+
+
+def test_tls_accepts_certificates_and_refuses_without(tmp_path: Path) -> None:
+    from distributed import Client
+
+    path = profile_file(tmp_path, "backend: local\nprotocol: tls\nworkers: 1\n", "secure")
+    record = api.up(path)
+    try:
+        assert record.address.startswith("tls://127.0.0.1:")
+        for file in record.security.values():
+            if isinstance(file, str) and file.endswith(".pem"):
+                assert os.stat(file).st_mode & 0o777 == 0o600
+        with clusterkit.get_client("secure") as client:
+            assert client.submit(sum, [1, 2]).result() == 3
+        with pytest.raises(Exception):  # no certificate: the handshake is refused
+            Client(record.address, timeout=3, set_as_default=False)
+        plain = record.address.replace("tls://", "tcp://")
+        with pytest.raises(Exception):
+            Client(plain, timeout=3, set_as_default=False)
+    finally:
+        api.down("secure")
+
+
+UCX_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, clusterkit
+    if __name__ == "__main__":
+        with clusterkit.cluster(sys.argv[1]) as (cluster, client):
+            assert client.scheduler.address.startswith("ucx://"), client.scheduler.address
+            a, b = sorted(client.scheduler_info()["workers"])
+            data = client.submit(np.ones, 10_000_000, workers=[a], pure=False)  # 80 MB
+            total = client.submit(np.sum, data, workers=[b], allow_other_workers=False)
+            print(int(total.result()))
+""")
+
+
+def test_ucx_moves_a_large_array_between_workers(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "backend: local\nprotocol: ucx\nworkers: 2\n", "ucx")
+    script = tmp_path / "ucx_move.py"
+    script.write_text(UCX_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "10000000"
+
+
+def test_doctor_passes_on_local() -> None:
+    from clusterkit.doctor import run_checks
+    from clusterkit.profiles import load_profile
+
+    checks = {c.name: c for c in run_checks(load_profile("local"))}
+    assert all(c.ok for c in checks.values()), checks
+    assert "task ran via tcp://127.0.0.1:" in checks["worker -> scheduler connection"].detail
