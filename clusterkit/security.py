@@ -139,9 +139,15 @@ def generate_tls(directory: Path, hostnames: Iterable[str] = ()) -> ClusterSecur
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -169,7 +175,9 @@ def generate_tls(directory: Path, hostnames: Iterable[str] = ()) -> ClusterSecur
         .not_valid_after(now + CERT_VALIDITY)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
             critical=False,
         )
         .sign(ca_key, hashes.SHA256())

@@ -38,11 +38,16 @@ class AddressBackend:
         if profile.protocol == "tls" and profile.tls is None:
             raise BadInput(f"profile '{profile.name}': protocol tls needs `tls:` files")
         try:
-            client = Client(profile.address, security=security.distributed(), timeout=timeout,
-                            set_as_default=False)
+            client = Client(
+                profile.address,
+                security=security.distributed(),
+                timeout=timeout,
+                set_as_default=False,
+            )
         except OSError as error:
             raise ClusterStartError(
-                f"cannot reach {profile.address}: {error}", component="scheduler",
+                f"cannot reach {profile.address}: {error}",
+                component="scheduler",
                 hint="is the scheduler running, and is the address reachable from here?",
             ) from error
         if profile.workers:
@@ -62,8 +67,14 @@ class AddressBackend:
                 count = len(client.scheduler_info(n_workers=-1)["workers"])
             return [Check("scheduler reachable", True, f"{profile.address}: {count} workers")]
         except Exception as error:
-            return [Check("scheduler reachable", False, str(error),
-                          fix="check the address, the network path and the TLS files")]
+            return [
+                Check(
+                    "scheduler reachable",
+                    False,
+                    str(error),
+                    fix="check the address, the network path and the TLS files",
+                )
+            ]
 
 
 BACKEND = AddressBackend()

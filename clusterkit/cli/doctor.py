@@ -19,10 +19,19 @@ def doctor(
     if json_:
         console.print_json([c.__dict__ for c in checks])
     else:
-        console.table(None, ["check", "result", "detail", "fix"], [
-            (c.name, "[green]pass[/green]" if c.ok else "[red]FAIL[/red]", c.detail,
-             "" if c.ok else c.fix) for c in checks
-        ])
+        console.table(
+            None,
+            ["check", "result", "detail", "fix"],
+            [
+                (
+                    c.name,
+                    "[green]pass[/green]" if c.ok else "[red]FAIL[/red]",
+                    c.detail,
+                    "" if c.ok else c.fix,
+                )
+                for c in checks
+            ],
+        )
     if not all(c.ok for c in checks):
         raise typer.Exit(EXIT_RUNTIME)
 

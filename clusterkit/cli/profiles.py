@@ -28,18 +28,44 @@ def list_(json_: bool = typer.Option(False, "--json", help="Machine-readable out
             profile = load_profile(path)
             gpus = getattr(getattr(profile, "worker", None), "gpus", 0)
             workers = getattr(profile, "min_workers", 0)
-            rows.append({"name": name, "backend": profile.backend_name, "workers": workers,
-                         "gpus": gpus, "source": profile.source, "error": None})
+            rows.append(
+                {
+                    "name": name,
+                    "backend": profile.backend_name,
+                    "workers": workers,
+                    "gpus": gpus,
+                    "source": profile.source,
+                    "error": None,
+                }
+            )
         except ProfileError as error:
-            rows.append({"name": name, "backend": "?", "workers": None, "gpus": None,
-                         "source": str(path), "error": error.one_line()})
+            rows.append(
+                {
+                    "name": name,
+                    "backend": "?",
+                    "workers": None,
+                    "gpus": None,
+                    "source": str(path),
+                    "error": error.one_line(),
+                }
+            )
     if json_:
         console.print_json(rows)
         return
-    console.table(None, ["name", "backend", "workers", "GPUs/worker", "source"], [
-        (r["name"], r["backend"] if not r["error"] else "[red]invalid[/red]", r["workers"],
-         r["gpus"], r["source"]) for r in rows
-    ])
+    console.table(
+        None,
+        ["name", "backend", "workers", "GPUs/worker", "source"],
+        [
+            (
+                r["name"],
+                r["backend"] if not r["error"] else "[red]invalid[/red]",
+                r["workers"],
+                r["gpus"],
+                r["source"],
+            )
+            for r in rows
+        ],
+    )
 
 
 @profiles_app.command("show")
@@ -85,7 +111,9 @@ def validate(
 def render(
     name: str = typer.Argument(..., help="Profile name or path."),
     format_: str = typer.Option(
-        "native", "--format", "-f",
+        "native",
+        "--format",
+        "-f",
         help="native (what the backend runs), helm-values or tfvars (kubernetes profiles).",
     ),
 ) -> None:
