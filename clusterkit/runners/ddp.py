@@ -103,7 +103,12 @@ def _slots(client: Client) -> list[Slot]:
     return slots
 
 
-def _place(client: Client, world_size: int | None, wait: float) -> list[Slot]:
+def _place(client: Client, world_size: int | None, wait: float, shrink: bool = False) -> list[Slot]:
+    """Slots for ``world_size`` ranks, waiting (bounded) for workers to arrive.
+
+    ``shrink``: a restarted group whose size the user did not fix runs on the workers that
+    remain when replacements do not arrive in time.
+    """
     deadline = time.monotonic() + wait
     while True:
         slots = _slots(client)
@@ -111,6 +116,9 @@ def _place(client: Client, world_size: int | None, wait: float) -> list[Slot]:
         if slots and len(slots) >= wanted:
             return slots[:wanted]
         if time.monotonic() > deadline:
+            if shrink and slots:
+                log.warning("restarting with %d ranks instead of %d", len(slots), wanted)
+                return slots
             raise ClusterkitError(
                 f"world size {wanted} needs {wanted} rank slots, the cluster has {len(slots)} "
                 f"after waiting {wait:.0f}s",
@@ -334,11 +342,15 @@ def _run(
     wait = float(os.environ.get(WORKER_WAIT_ENV, "60"))
     checkpoint: bytes | None = None
     attempt = 0
+    slots: list[Slot] = []
     try:
         while True:
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
-            slots = _place(client, world_size, wait)
+            if attempt == 0:
+                slots = _place(client, world_size, wait)
+            else:  # same size: wait for replacements of lost workers (elastic if size was free)
+                slots = _place(client, len(slots), wait, shrink=world_size is None)
             try:
                 results = _attempt(
                     client,
@@ -366,6 +378,38 @@ def _run(
 
 
 def _attempt(
+    client: Client,
+    run_id: str,
+    attempt: int,
+    slots: list[Slot],
+    backend: str,
+    payload: bytes,
+    checkpoint: bytes | None,
+    init_group: bool,
+    deadline: float | None,
+) -> list[bytes]:
+    if not any(s.gpu for s in slots):
+        return _launch(
+            client, run_id, attempt, slots, backend, payload, checkpoint, init_group, deadline
+        )
+    # GPU ranks hold the GPU resource while they wait for their peers: two runs whose ranks
+    # interleave in the workers' queues would wait on each other forever, so GPU groups on one
+    # cluster start one at a time (a scheduler semaphore; its lease dies with this client).
+    from distributed import Semaphore
+
+    gate = Semaphore(1, "clusterkit-ddp-gpu", scheduler_rpc=client.scheduler, loop=client.loop)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if not gate.acquire(timeout=left):
+        raise _GroupFailed(None, "timed out waiting for another GPU training run to finish")
+    try:
+        return _launch(
+            client, run_id, attempt, slots, backend, payload, checkpoint, init_group, deadline
+        )
+    finally:
+        gate.release()
+
+
+def _launch(
     client: Client,
     run_id: str,
     attempt: int,

@@ -1,0 +1,305 @@
+"""DDP runner on a real LocalCluster with gloo: correctness, torchrun scripts, failure, restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterkit.errors import ClusterkitError
+from clusterkit.runners import ddp
+from clusterkit.runners.ddp_script import run_file
+
+pytestmark = pytest.mark.local
+
+distributed = pytest.importorskip("distributed")
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker() -> None:
+    """multiprocessing's tracker lives as long as pytest; start it before the leftover baseline."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def client() -> Iterator[distributed.Client]:
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+    )
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+# ---------------------------------------------------------------- rank functions
+
+
+def all_reduce_fn(ctx, scale: float, offset: float = 0.0) -> dict:
+    import torch.distributed as dist
+
+    value = torch.tensor([scale * (ctx.rank + 1) + offset])
+    dist.all_reduce(value)
+    env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    return {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "sum": value.item(),
+        "env": env,
+        "master": (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
+        "backend": dist.get_backend(),
+        "device": str(ctx.device),
+    }
+
+
+def sampler_fn(ctx, size: int) -> list[int]:
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(list(range(size)), shuffle=True, seed=3)
+    sampler.set_epoch(1)
+    return list(sampler)
+
+
+def failing_fn(ctx) -> None:
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    if ctx.rank == 1:
+        raise ValueError("rank one is broken")
+    while True:  # rank 0 would wait in this collective forever without the abort
+        dist.all_reduce(value)
+
+
+def resumable_fn(ctx, epochs: int) -> dict:
+    import torch.distributed as dist
+
+    state = ctx.load_checkpoint() or {"epoch": 0, "total": 0.0, "ports": []}
+    resumed_from = state["epoch"]
+    state["ports"].append(int(os.environ["MASTER_PORT"]))
+    for epoch in range(state["epoch"], epochs):
+        value = torch.tensor([float(epoch)])
+        dist.all_reduce(value)
+        state["total"] += value.item()
+        state["epoch"] = epoch + 1
+        ctx.save_checkpoint(state)
+        if ctx.restart_count == 0 and ctx.rank == 1 and epoch == 2:
+            os.kill(os.getppid(), signal.SIGKILL)  # the Dask worker process dies mid-training
+            time.sleep(30)
+        time.sleep(0.1)
+    return {
+        "restarts": ctx.restart_count,
+        "resumed_from": resumed_from,
+        "total": state["total"],
+        "ports": state["ports"],
+    }
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_all_reduce_on_two_ranks(client) -> None:
+    results = ddp.run(all_reduce_fn, 2.0, client=client, offset=1.0)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["sum"] == (2 * 1 + 1) + (2 * 2 + 1) for r in results)
+    assert results[1]["env"] == {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+    }
+    host, port = results[0]["master"]
+    assert host == "127.0.0.1" and port > 0 and results[1]["master"] == (host, port)
+    assert {r["backend"] for r in results} == {"gloo"} and results[0]["device"] == "cpu"
+    # the worker's environment is untouched: the torchrun variables lived in the rank process
+    assert not any("RANK" in env for env in client.run(lambda: dict(os.environ)).values())
+
+
+def test_sampler_shards_are_disjoint_and_complete(client) -> None:
+    shards = ddp.run(sampler_fn, 100, client=client)
+    assert len(shards) == 2 and len(shards[0]) == len(shards[1]) == 50
+    assert not set(shards[0]) & set(shards[1])
+    assert set(shards[0]) | set(shards[1]) == set(range(100))
+    assert shards[0] != sorted(shards[0])  # shuffled with the shared seed, still disjoint
+
+
+TORCHRUN_SCRIPT = """
+import argparse, os, sys
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--value", type=float, default=1.0)
+
+if __name__ == "__main__":
+    args = parser.parse_args()
+    dist.init_process_group("gloo", init_method="env://")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    t = torch.tensor([args.value * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    with open(f"{args.out}.{dist.get_rank()}", "w") as handle:
+        handle.write(f"{dist.get_world_size()} {local_rank} {t.item()} {sys.argv[0]}")
+    dist.destroy_process_group()
+"""
+
+
+def test_torchrun_script_runs_unchanged(client, tmp_path: Path) -> None:
+    script = tmp_path / "train_script.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "out"
+    results = run_file(str(script), ["--out", str(out), "--value", "1.5"], client=client)
+    assert results == [None, None]
+    for rank in (0, 1):
+        world, local, total, argv0 = (out.parent / f"out.{rank}").read_text().split()
+        assert (world, local, float(total)) == ("2", str(rank), 4.5)
+        assert argv0.endswith("train_script.py") and argv0 != str(script)  # shipped copy
+
+
+def test_failing_rank_stops_the_group(client) -> None:
+    started = time.monotonic()
+    with pytest.raises(ddp.TrainingFailed) as info:
+        ddp.run(failing_fn, client=client, timeout=120)
+    elapsed = time.monotonic() - started
+    assert info.value.rank == 1
+    assert "ValueError: rank one is broken" in str(info.value)
+    assert "failing_fn" in info.value.traceback and "raise ValueError" in info.value.traceback
+    assert elapsed < 60, f"group took {elapsed:.0f}s to stop"
+    # the cluster is usable right after: nothing is left running in a collective
+    assert [r["sum"] for r in ddp.run(all_reduce_fn, 1.0, client=client)] == [3.0, 3.0]
+
+
+def test_killed_worker_restarts_from_checkpoint(client) -> None:
+    before = set(client.scheduler_info(n_workers=-1)["workers"])
+    results = ddp.run(resumable_fn, 6, client=client, max_restarts=1, timeout=150)
+    after = set(client.scheduler_info(n_workers=-1)["workers"])
+    assert before != after  # one worker was replaced by the nanny
+    for result in results:
+        assert result["restarts"] == 1
+        assert result["resumed_from"] == 3  # epochs 0..2 were checkpointed before the kill
+        assert result["total"] == sum(2.0 * e for e in range(6)), results
+    ports = results[0]["ports"]
+    assert len(ports) == 2 and ports[0] != ports[1]  # a fresh port for the new group
+
+
+def test_killed_worker_without_restarts_fails(client) -> None:
+    with pytest.raises(ddp.TrainingFailed) as info:
+        ddp.run(resumable_fn, 6, client=client, max_restarts=0, timeout=120)
+    assert info.value.rank in (0, 1)
+
+
+def test_concurrent_runs_use_distinct_ports(client) -> None:
+    results: dict[str, list] = {}
+
+    def one(name: str, scale: float) -> None:
+        results[name] = ddp.run(all_reduce_fn, scale, client=client, timeout=120)
+
+    threads = [threading.Thread(target=one, args=(n, s)) for n, s in (("a", 1.0), ("b", 10.0))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(150)
+    assert [r["sum"] for r in results["a"]] == [3.0, 3.0]
+    assert [r["sum"] for r in results["b"]] == [30.0, 30.0]
+    assert results["a"][0]["master"][1] != results["b"][0]["master"][1]
+
+
+def test_too_few_workers_is_a_clear_error(client, monkeypatch) -> None:
+    monkeypatch.setenv(ddp.WORKER_WAIT_ENV, "1")
+    with pytest.raises(ClusterkitError, match="world size 3 needs 3 rank slots"):
+        ddp.run(all_reduce_fn, 1.0, client=client, world_size=3)
+    with pytest.raises(ClusterkitError, match="at least 1"):
+        ddp.run(all_reduce_fn, 1.0, client=client, world_size=0)
+
+
+def test_world_size_one(client) -> None:
+    results = ddp.run(all_reduce_fn, 4.0, client=client, world_size=1)
+    assert [r["sum"] for r in results] == [4.0]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    from clusterkit.cli import main
+
+    try:
+        main(args)
+    except SystemExit as exit_:
+        return int(exit_.code or 0), capsys.readouterr().err
+    return 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "needle"),
+    [
+        ("missing.py", [], "no such file"),
+        ("{script}:nope", [], "defines no function 'nope'"),
+        ("{script}", ["--world-size", "0"], "at least 1"),
+        ("{script}", ["--world-size", "5", "--profile", "local"], "can provide (2 ranks)"),
+        ("{script}.txt", [], "FILE.py or FILE.py:FUNC"),
+    ],
+)
+def test_cli_bad_input(tmp_path: Path, capsys, target: str, extra: list[str], needle: str) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("def main(ctx):\n    return ctx.rank\n")
+    code, err = _cli(["train", target.format(script=script), *extra], capsys)
+    assert code == 2
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1
+
+
+def test_cli_runs_a_function(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import torch.distributed as dist
+
+            def main(ctx, factor):
+                t = torch.tensor([float(factor) * (ctx.rank + 1)])
+                dist.all_reduce(t)
+                return f"sum={t.item()}"
+            """
+        )
+    )
+    from clusterkit.cli import main
+
+    main(["train", f"{script}:main", "--profile", "local", "--", "7"])
+    out = capsys.readouterr().out
+    assert out.count("sum=21.0") == 2, out
+
+
+# ---------------------------------------------------------------- GPU tier
+
+
+@pytest.mark.gpu
+def test_nccl_all_reduce_on_gpus() -> None:
+    from tests.conftest import gpu_skip_reason
+
+    reason = gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    dask_cuda = pytest.importorskip("dask_cuda")
+    with (
+        dask_cuda.LocalCUDACluster(
+            host="127.0.0.1", dashboard_address=None, resources={"GPU": 1}
+        ) as cluster,
+        distributed.Client(cluster) as gpu_client,
+    ):
+        results = ddp.run(all_reduce_fn, 1.0, client=gpu_client)
+    n = len(results)
+    assert {r["backend"] for r in results} == {"nccl"}
+    assert all(r["device"].startswith("cuda") for r in results)
+    assert all(r["sum"] == n * (n + 1) / 2 for r in results)
