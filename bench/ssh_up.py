@@ -3,7 +3,8 @@
 One run, against a private sshd on 127.0.0.1 (generated keys, as in the tests), repetitions
 interleaved with the order alternated. Each side is timed from the call to "all workers
 connected and one task ran"; the clusterkit side goes through `api.up` (detached supervisor,
-records, readiness) and `get_client`, the baseline is `SSHCluster(...)` + `Client`.
+records, readiness) and `get_client`, the baseline is `SSHCluster(...)` + `Client`; a third
+column times the ssh backend's `create_cluster` in-process, to split backend and lifecycle cost.
 Prints per-repetition times, medians and the ratio (target <= 1.2).
 
     .venv/bin/python bench/ssh_up.py [--reps 5] [--hosts 2]
@@ -79,6 +80,36 @@ def clusterkit_up(lab: dict, hosts: list[str]) -> float:
     return elapsed
 
 
+def backend_only(lab: dict, hosts: list[str]) -> float:
+    """The ssh backend's create_cluster in this process: its cost without the supervisor."""
+    from distributed import Client
+
+    from clusterkit.backends import ssh
+    from clusterkit.schema import SSHProfile
+    from clusterkit.security import ClusterSecurity
+
+    profile = SSHProfile.model_validate(
+        {
+            "backend": "ssh",
+            "hosts": hosts,
+            "port": lab["port"],
+            "user": "root",
+            "identity_files": [lab["key"]],
+            "known_hosts": lab["known_hosts"],
+            "remote_python": sys.executable,
+            "scheduler": {"dashboard": False},
+        }
+    ).named("bench-backend")
+    started = time.perf_counter()
+    cluster = ssh.create_cluster(profile, ClusterSecurity())
+    with Client(cluster) as client:
+        client.wait_for_workers(len(hosts))
+        assert client.submit(sum, [1, 2]).result() == 3
+        elapsed = time.perf_counter() - started
+    cluster.close()
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -95,9 +126,17 @@ def main() -> None:
             known = S.write_known_hosts(Path(scratch) / "known_hosts", keys, [server])
             lab = {"port": server.port, "key": str(keys.client_key), "known_hosts": str(known)}
             hosts = ["127.0.0.1"] * args.hosts
-            times: dict[str, list[float]] = {"raw SSHCluster": [], "clusterkit up": []}
+            times: dict[str, list[float]] = {
+                "raw SSHCluster": [],
+                "clusterkit up": [],
+                "backend only": [],
+            }
             for rep in range(args.reps):
-                order = [("raw SSHCluster", raw), ("clusterkit up", clusterkit_up)]
+                order = [
+                    ("raw SSHCluster", raw),
+                    ("clusterkit up", clusterkit_up),
+                    ("backend only", backend_only),
+                ]
                 for label, fn in order if rep % 2 == 0 else reversed(order):
                     times[label].append(fn(lab, hosts))
                 print(
