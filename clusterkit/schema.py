@@ -337,10 +337,14 @@ class JobQueueProfile(ClusterProfile):
                 "dask-cuda runs one worker per GPU: keep worker.gpus at 1 and set processes "
                 "to the GPUs per job"
             )
-        given = self.worker.model_fields_set & {"threads", "memory"}
+        # defaults, or the derived value (a dumped profile carries it back), are fine
+        given = [
+            *(["threads"] if self.worker.threads not in {1, self.cores // self.processes} else []),
+            *(["memory"] if self.worker.memory != "auto" else []),
+        ]
         if given:
             raise ValueError(
-                f"worker.{sorted(given)[0]} is derived for batch jobs: set cores, memory "
+                f"worker.{given[0]} is derived for batch jobs: set cores, memory "
                 "and processes (per job); each worker gets cores/processes threads"
             )
         latest = (self.lifetime or 0) + (self.lifetime_stagger or 0)

@@ -74,10 +74,9 @@ def scheduler_options(profile: JobQueueProfile) -> dict[str, Any]:
         options["host"] = host
     elif scheduler.interface:
         options["interface"] = scheduler.interface
+    # the scheduler serves HTTP (health, metrics) even without a dashboard: never on 8787 by chance
     options["dashboard"] = scheduler.dashboard
-    options["dashboard_address"] = (
-        f"{host or ''}:{scheduler.dashboard_port}" if scheduler.dashboard else None
-    )
+    options["dashboard_address"] = f"{host or ''}:{scheduler.dashboard_port}"
     if profile.idle_timeout:
         options["idle_timeout"] = profile.idle_timeout
     return options
@@ -312,9 +311,8 @@ class JobQueueBackend:
 
 def submit(cluster: Any, workers: int) -> None:
     """Submit jobs for ``workers`` workers now; a rejected submission raises ClusterStartError."""
-    cluster.scale(workers)
     try:
-        cluster.sync(cluster._correct_state)  # submits; SpecCluster re-raises a Job's failure
+        cluster.sync(_submit_now, cluster, workers)
     except RuntimeError as error:
         text = str(error)
         stderr = text.split("stderr:", 1)[1] if "stderr:" in text else text
@@ -326,6 +324,21 @@ def submit(cluster: Any, workers: int) -> None:
             evidence=lines[-12:],
             hint="check queue/partition, account, walltime, cores and memory in the profile",
         ) from error
+
+
+async def _submit_now(cluster: Any, workers: int) -> None:
+    # scale() only schedules the submission; awaiting it here (in the loop, before that
+    # callback runs) makes this call the one that submits, so a Job's failure reaches us
+    from distributed.core import Status
+
+    cluster.scale(workers)
+    try:
+        await cluster._correct_state()
+    except Exception:
+        for job in cluster._created:  # never submitted: let SpecCluster's close accept them
+            if job.status == Status.created:
+                job.status = Status.failed
+        raise
 
 
 SLURM = JobQueueBackend("slurm")

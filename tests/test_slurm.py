@@ -1,0 +1,365 @@
+"""The slurm backend against a real single-node SLURM (slurmctld + slurmd on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterkit import api
+from clusterkit.backends.jobqueue import SLURM, lifetime_plan
+from clusterkit.client import get_client
+from clusterkit.errors import ClusterStartError
+from clusterkit.schema import SLURMProfile
+from clusterkit.security import ClusterSecurity
+from tests import slurm as S
+from tests.contract import run_contract
+
+pytestmark = pytest.mark.slurm
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_GOLDEN = os.environ.get("CLUSTERKIT_UPDATE_GOLDEN") == "1"
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S.Slurm]:
+    """One SLURM for the session; a missing install fails (the tier is required), never skips."""
+    absent = S.missing()
+    if absent:
+        pytest.fail(f"SLURM is not installed (missing {absent}): run scripts/setup/20-slurm.sh")
+    cluster = S.start(tmp_path_factory.mktemp("slurm"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(cluster.conf))  # sbatch/squeue here and in supervisors
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def empty_queue_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test that used SLURM must leave its queue empty."""
+    yield
+    if "slurm" not in request.fixturenames:
+        return
+    cluster: S.Slurm = request.getfixturevalue("slurm")
+    left = cluster.queue()
+    if left:
+        cluster.empty_queue()
+        pytest.fail(f"jobs left in the SLURM queue: {left}", pytrace=False)
+
+
+def profile_data(tmp_path: Path, **fields: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "backend": "slurm",
+        "queue": S.PARTITION,
+        "workers": 1,
+        "cores": 1,
+        "memory": "1GiB",
+        "walltime": "00:10:00",
+        "log_directory": str(tmp_path / "joblogs"),
+        "start_timeout": 90,
+        "scheduler": {"dashboard": False},
+    }
+    data.update(fields)
+    return data
+
+
+def profile_file(tmp_path: Path, name: str = "sl", **fields: Any) -> Path:
+    import yaml
+
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(profile_data(tmp_path, **fields)))
+    return path
+
+
+def model(tmp_path: Path, name: str = "sl", **fields: Any) -> SLURMProfile:
+    profile = SLURMProfile.model_validate(profile_data(tmp_path, **fields))
+    return profile.named(name)  # type: ignore[return-value]
+
+
+def job_ids_in_queue(slurm: S.Slurm) -> list[str]:
+    return [line.split()[0] for line in slurm.queue()]
+
+
+# ---------------------------------------------------------------- job scripts
+
+
+GOLDEN_CASES = {
+    "slurm-cpu": {
+        "queue": "batch",
+        "account": "proj42",
+        "walltime": "02:00:00",
+        "cores": 8,
+        "memory": "32GiB",
+        "processes": 2,
+        "interface": "ib0",
+        "python": "/opt/venv/bin/python",
+        "local_directory": "/scratch/$USER",
+        "log_directory": "/shared/logs/dask",
+        "prologue": ["module load python/3.11"],
+        "env": {"OMP_NUM_THREADS": "4"},
+        "job_extra": ["--exclusive"],
+    },
+    "slurm-gpu": {
+        "queue": "gpu",
+        "account": "proj42",
+        "walltime": "1-00:00:00",
+        "cores": 16,
+        "memory": "128GiB",
+        "processes": 2,
+        "interface": "ib0",
+        "python": "/opt/venv/bin/python",
+        "worker": {"gpus": 1},
+        "prologue": ["module load cuda/12.4"],
+    },
+    "slurm-gpus-per-task": {
+        "queue": "gpu",
+        "walltime": "04:00:00",
+        "cores": 8,
+        "memory": "64GiB",
+        "python": "/opt/venv/bin/python",
+        "worker": {"gpus": 1},
+        "gpu_directive": "gpus-per-task",
+        "scheduler": {"host": "10.0.0.5"},
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_golden_job_script(case: str) -> None:
+    profile = SLURMProfile.model_validate({"backend": "slurm", **GOLDEN_CASES[case]})
+    script = SLURM.render(profile.named(case), ClusterSecurity())
+    path = GOLDEN / f"{case}.sh"
+    if UPDATE_GOLDEN:
+        path.write_text(script)
+    assert script == path.read_text(), (
+        f"re-run with CLUSTERKIT_UPDATE_GOLDEN=1 to accept:\n{script}"
+    )
+
+
+def test_render_is_pure_and_shows_gpu_worker(tmp_path: Path) -> None:
+    logs = tmp_path / "not-made"
+    profile = model(tmp_path, log_directory=str(logs), worker={"gpus": 1}, processes=2, cores=4)
+    script = SLURM.render(profile, ClusterSecurity())
+    assert not logs.exists(), "render must not create the log directory"
+    assert "#SBATCH --gres=gpu:2" in script
+    assert "-m dask_cuda.cli worker tcp://<scheduler-address>:8786" in script
+    assert "--resources GPU=1" in script and "--nanny" not in script
+    lifetime, _ = lifetime_plan(profile)
+    assert f"DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION={int(lifetime)}s" in script
+
+
+def test_render_tls_and_ucx() -> None:
+    profile = SLURMProfile.model_validate({"backend": "slurm", "protocol": "tls"}).named("t")
+    tls = ClusterSecurity.from_files("/c/ca.pem", "/c/cert.pem", "/c/key.pem")
+    script = SLURM.render(profile, tls)  # type: ignore[arg-type]
+    assert "tls://<scheduler-address>:8786" in script
+    assert "--tls-ca-file /c/ca.pem --tls-cert /c/cert.pem --tls-key /c/key.pem" in script
+    profile = SLURMProfile.model_validate({"backend": "slurm", "protocol": "ucx"}).named("u")
+    script = api.render(profile)
+    assert "ucx://<scheduler-address>" in script and "export UCX_TLS=tcp" in script
+
+
+def test_lifetime_defaults_stay_below_walltime() -> None:
+    for walltime in ("00:01:00", "00:30:00", "01:00:00", "2-00:00:00"):
+        profile = SLURMProfile.model_validate({"backend": "slurm", "walltime": walltime})
+        lifetime, stagger = lifetime_plan(profile)  # type: ignore[arg-type]
+        total = {"00:01:00": 60, "00:30:00": 1800, "01:00:00": 3600, "2-00:00:00": 172800}
+        assert 0 < stagger and lifetime + stagger < total[walltime]
+        assert lifetime >= total[walltime] / 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"processes": 4, "cores": 2}, "processes (4) is above cores (2)"),
+        ({"worker": {"gpus": 2}}, "one worker per GPU"),
+        ({"worker": {"threads": 4}}, "worker.threads is derived"),
+        ({"walltime": "00:10:00", "lifetime": "10m"}, "must be below the walltime"),
+        ({"walltime": "10:00"}, "expected a walltime"),
+    ],
+)
+def test_profile_rejects(fields: dict[str, Any], message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        SLURMProfile.model_validate({"backend": "slurm", **fields})
+
+
+def test_render_matches_the_submitted_script(slurm: S.Slurm, tmp_path: Path) -> None:
+    """What `profiles render` prints is what the cluster submits, address and name aside."""
+    profile = model(tmp_path, workers=0, env={"A": "b c"}, prologue=["echo hi"])
+    rendered = SLURM.render(profile, ClusterSecurity())
+    cluster: Any = SLURM.create_cluster(profile, ClusterSecurity())
+    try:
+        actual = cluster.job_script()
+        actual = actual.replace(
+            cluster.scheduler_address.rsplit(":", 1)[0], "tcp://<scheduler-address>"
+        )
+        actual = re.sub(r"<scheduler-address>:\d+", "<scheduler-address>:8786", actual)
+        actual = actual.replace("--name dummy-name", "--name <worker-name>")
+        assert actual == rendered
+        assert "export A='b c'" in rendered
+    finally:
+        cluster.close()
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_contract_slurm(slurm: S.Slurm, tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "contract")
+    record = run_contract(path, scale_to=2)
+    assert record.address.startswith("tcp://127.0.0.1:")
+    assert record.backend == "slurm"
+
+
+def test_status_rows_jobs_and_workers_in_their_own_jobs(slurm: S.Slurm, tmp_path: Path) -> None:
+    record = api.up(profile_file(tmp_path, "rows", workers=2))
+    try:
+        info = api.status(record.name)
+        jobs = [row for row in info["rows"] if row["kind"] == "job"]
+        assert len(jobs) == 2 and {row["state"] for row in jobs} == {"RUNNING"}
+        assert sorted(row["name"] for row in jobs) == sorted(job_ids_in_queue(slurm))
+        with get_client(record.name) as client:
+            seen = client.run(lambda: os.environ.get("SLURM_JOB_ID"))
+        assert sorted(seen.values()) == sorted(row["name"] for row in jobs)
+    finally:
+        api.down(record.name)
+    assert slurm.queue() == [], "down left jobs in the queue"
+
+
+def test_rejected_job_script_gives_sbatch_stderr(slurm: S.Slurm, tmp_path: Path) -> None:
+    with pytest.raises(ClusterStartError) as caught:
+        api.up(profile_file(tmp_path, "badpart", queue="no-such-partition"))
+    error = caught.value
+    assert error.exit_code == 1
+    assert "invalid partition" in error.message.lower(), error.message
+    assert "job submission" in error.component
+    assert slurm.queue() == []
+
+
+def test_pending_at_start_timeout_gives_reason_and_cancels(slurm: S.Slurm, tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "pending", job_extra=["--begin=now+3600"], start_timeout=6)
+    with pytest.raises(ClusterStartError) as caught:
+        api.up(path)
+    text = "\n".join(caught.value.evidence)
+    assert "PENDING" in text and "BeginTime" in text, text
+    assert slurm.empty_queue(timeout=0) == [], "jobs of a failed start were not cancelled"
+
+
+def test_pending_reason_in_status(slurm: S.Slurm, tmp_path: Path) -> None:
+    profile = model(tmp_path, "held", workers=1, job_extra=["--hold"])
+    cluster: Any = SLURM.create_cluster(profile, ClusterSecurity())
+    try:
+        rows = SLURM.describe(cluster, profile)
+        assert [(r.state, r.extra["reason"]) for r in rows] == [("PENDING", "JobHeldUser")]
+    finally:
+        cluster.close()
+    assert getattr(cluster, "jobs_left", []) == []
+
+
+def test_adapt_up_and_down(slurm: S.Slurm, tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "adapt", workers=0, adapt={"minimum": 0, "maximum": 2})
+    record = api.up(path)
+    try:
+        assert job_ids_in_queue(slurm) == []
+        with get_client(record.name) as client:
+            futures = client.map(lambda x: time.sleep(4) or x, range(8))
+            assert sum(client.gather(futures)) == 28
+            assert len(job_ids_in_queue(slurm)) >= 1
+            del futures
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and (
+                client.scheduler_info(n_workers=-1)["workers"] or job_ids_in_queue(slurm)
+            ):
+                time.sleep(0.5)
+            assert not client.scheduler_info(n_workers=-1)["workers"]
+        assert job_ids_in_queue(slurm) == [], "adapt left idle jobs"
+    finally:
+        api.down(record.name)
+
+
+HPO_OBJECTIVE = textwrap.dedent("""
+    def objective(trial):
+        import os, time
+        x = trial.suggest_float("x", -5, 5)
+        trial.set_user_attr("job", os.environ.get("SLURM_JOB_ID"))
+        time.sleep(1.0)
+        return (x - 1) ** 2
+""")
+
+
+def test_short_lifetime_replaces_workers_during_hpo(
+    slurm: S.Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers leave at their lifetime; their jobs are replaced; no trial is lost."""
+    import optuna
+
+    from clusterkit.runners import hpo
+
+    monkeypatch.setenv("DASK_DISTRIBUTED__DEPLOY__LOST_WORKER_TIMEOUT", "1s")  # supervisor's
+    path = profile_file(
+        tmp_path,
+        "lifetime",
+        workers=2,
+        walltime="00:05:00",
+        lifetime="12s",
+        lifetime_stagger="3s",
+    )
+    namespace: dict[str, Any] = {}
+    exec(HPO_OBJECTIVE, namespace)  # a plain function, pickled by value to the workers
+    record = api.up(path)
+    try:
+        with get_client(record.name) as client:
+            study = hpo.run(
+                namespace["objective"],
+                n_trials=40,
+                client=client,
+                progress=False,
+                storage=f"sqlite:///{tmp_path / 'hpo.db'}",
+                study_name="lifetime",
+                max_retries=5,
+            )
+        states = [t.state for t in study.trials]
+        assert states.count(optuna.trial.TrialState.COMPLETE) == 40, states
+        assert len(study.trials) == 40, "a trial was lost or duplicated"
+        jobs = {t.user_attrs.get("job") for t in study.trials}
+        assert len(jobs) > 2, f"no job was replaced: trials ran in jobs {jobs}"
+    finally:
+        api.down(record.name)
+
+
+RANK_FN = textwrap.dedent("""
+    def rank_fn(ctx):
+        import os
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([float(ctx.rank + 1)])
+        dist.all_reduce(value)
+        return {"rank": ctx.rank, "sum": value.item(), "job": os.environ.get("SLURM_JOB_ID")}
+""")
+
+
+def test_ddp_two_ranks_in_two_jobs(slurm: S.Slurm, tmp_path: Path) -> None:
+    from clusterkit.runners import ddp
+
+    namespace: dict[str, Any] = {}
+    exec(RANK_FN, namespace)  # pickled by value: the jobs need not import this test module
+    record = api.up(profile_file(tmp_path, "ddp", workers=2, memory="2GiB"))
+    try:
+        with get_client(record.name) as client:
+            results = ddp.run(namespace["rank_fn"], client=client, world_size=2, timeout=180)
+        assert [r["rank"] for r in results] == [0, 1]
+        assert {r["sum"] for r in results} == {3.0}
+        assert len({r["job"] for r in results}) == 2, results
+    finally:
+        api.down(record.name)
