@@ -115,7 +115,7 @@ class _Driver:
         self.topic = f"clusterkit-hpo-{uuid.uuid4().hex[:12]}"
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.inflight: dict[int, _Attempt] = {}
-        self.by_key: dict[str, int] = {}
+        self.by_key: dict[Any, int] = {}
         self.done = sum(inputs.counted(t) for t in study.get_trials(deepcopy=False))
         self.directions = [int(d) for d in study.directions]
         self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
@@ -225,13 +225,14 @@ class _Driver:
             if step not in frozen.intermediate_values:
                 storage.set_trial_intermediate_value(attempt.trial_id, step, value)
         decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
-        self.client.sync(self.client.scheduler.queue_put, name=msg["reply"], data=decision)
+        scheduler: Any = self.client.scheduler
+        self.client.sync(scheduler.queue_put, name=msg["reply"], data=decision)
 
     # ------------------------------------------------------------------ results
 
     def _finished(self, future: Future) -> None:
-        number = self.by_key.pop(future.key, None)
-        attempt = self.inflight.get(number) if number is not None else None
+        number = self.by_key.pop(future.key, -1)
+        attempt = self.inflight.get(number)
         if attempt is None or attempt.future.key != future.key:
             return  # a cancelled or superseded attempt
         if future.status == "finished":
@@ -380,7 +381,7 @@ def run(
         study = optuna.create_study(
             storage=inputs.resolve_storage(storage, name),
             study_name=name,
-            direction=direction,
+            direction=direction,  # type: ignore[arg-type]  # optuna validates the string
             sampler=sampler,
             pruner=pruner,
             load_if_exists=True,

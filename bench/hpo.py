@@ -1,0 +1,218 @@
+"""HPO dispatch benchmark: clusterkit runner vs the seed skopt batch loop vs an as-completed loop.
+
+Every method evaluates 60 trials of a 4-D Branin objective that sleeps a duration drawn per trial
+number from a lognormal (mean 0.5 s, sigma 1.0, capped at 4 s; seeded per repetition), on the
+same LocalCluster of W single-thread workers, interleaved per repetition. Reported per method:
+makespan / ideal (greedy list scheduling of the same durations in trial order, zero overhead),
+utilisation (sum of durations / (W x makespan)) and driver time per trial.
+
+    .venv/bin/python bench/hpo.py --workers 2 4 --reps 3 --skopt-reps 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+N_TRIALS = 60
+BOUNDS = [(-5.0, 10.0), (0.0, 15.0), (-5.0, 10.0), (0.0, 15.0)]
+
+
+def durations(seed: int, n: int = N_TRIALS) -> list[float]:
+    """Lognormal with mean 0.5 s and sigma 1.0, capped at 4 s."""
+    rng = np.random.default_rng(seed)
+    mu = math.log(0.5) - 0.5  # mean of a lognormal is exp(mu + sigma^2 / 2)
+    return [min(4.0, float(d)) for d in rng.lognormal(mu, 1.0, n)]
+
+
+def branin4(x: list[float]) -> float:
+    """Sum of two 2-D Branin functions: minimum 0.795 (2 x 0.397887)."""
+
+    def branin(a: float, b: float) -> float:
+        c1, c2, c3 = 5.1 / (4 * math.pi**2), 5 / math.pi, 1 / (8 * math.pi)
+        return (b - c1 * a * a + c2 * a - 6) ** 2 + 10 * (1 - c3) * math.cos(a) + 10
+
+    return branin(x[0], x[1]) + branin(x[2], x[3])
+
+
+def evaluate(x: list[float], seconds: float) -> float:
+    time.sleep(seconds)
+    return branin4(x)
+
+
+def ideal_makespan(times: list[float], workers: int) -> float:
+    """Greedy list scheduling in trial order with zero overhead."""
+    free = [0.0] * workers
+    for t in times:
+        heapq.heapreplace(free, free[0] + t)
+    return max(free)
+
+
+# ------------------------------------------------------------------ the three methods
+
+
+def run_clusterkit(client: Any, times: list[float], seed: int, storage: str) -> tuple[float, float]:
+    import optuna
+
+    from clusterkit.runners import hpo
+
+    def objective(trial: optuna.Trial) -> float:
+        x = [trial.suggest_float(f"x{i}", lo, hi) for i, (lo, hi) in enumerate(BOUNDS)]
+        return evaluate(x, times[trial.number])
+
+    store: Any = optuna.storages.InMemoryStorage()
+    if storage == "journal":
+        import tempfile
+
+        store = tempfile.mkdtemp(prefix="hpo-bench-") + "/study.optuna.log"
+    started = time.perf_counter()
+    hpo.run(
+        objective,
+        n_trials=N_TRIALS,
+        client=client,
+        storage=store,
+        study_name="bench",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        progress=False,
+    )
+    makespan = time.perf_counter() - started
+    return makespan, hpo.LAST_RUN_STATS["overhead_s"] / N_TRIALS
+
+
+def run_as_completed(client: Any, times: list[float], seed: int) -> tuple[float, float]:
+    """The hand-written loop a careful user writes: ask on the driver, submit, tell as done."""
+    import optuna
+    from distributed import as_completed
+
+    dists = {
+        f"x{i}": optuna.distributions.FloatDistribution(lo, hi) for i, (lo, hi) in enumerate(BOUNDS)
+    }
+    workers = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    started = time.perf_counter()
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+    overhead = 0.0
+
+    def submit() -> Any:
+        trial = study.ask(dists)
+        x = [trial.params[f"x{i}"] for i in range(4)]
+        future = client.submit(evaluate, x, times[trial.number], pure=False)
+        future.number = trial.number
+        return future
+
+    pending = as_completed([submit() for _ in range(workers)])
+    asked = workers
+    for future in pending:
+        began = time.perf_counter()
+        study.tell(future.number, future.result())
+        if asked < N_TRIALS:
+            pending.add(submit())
+            asked += 1
+        overhead += time.perf_counter() - began
+    return time.perf_counter() - started, overhead / N_TRIALS
+
+
+def run_skopt_batches(client: Any, times: list[float], seed: int) -> tuple[float, float]:
+    """The seed notebook's loop: ask(n_points=W), evaluate the batch, tell, repeat."""
+    from skopt import Optimizer
+
+    workers = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    started = time.perf_counter()
+    optimizer = Optimizer(dimensions=BOUNDS, random_state=seed)
+    overhead = 0.0
+    done = 0
+    while done < N_TRIALS:
+        began = time.perf_counter()
+        batch = optimizer.ask(n_points=min(workers, N_TRIALS - done))
+        overhead += time.perf_counter() - began
+        futures = [
+            client.submit(evaluate, list(map(float, x)), times[done + i], pure=False)
+            for i, x in enumerate(batch)
+        ]
+        values = client.gather(futures)
+        began = time.perf_counter()
+        optimizer.tell(batch, values)
+        overhead += time.perf_counter() - began
+        done += len(batch)
+    return time.perf_counter() - started, overhead / N_TRIALS
+
+
+# ------------------------------------------------------------------ driver
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of the async methods")
+    parser.add_argument("--skopt-reps", type=int, default=1, help="repetitions of skopt (slow)")
+    args = parser.parse_args()
+
+    import optuna
+    from distributed import Client, LocalCluster
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    methods: dict[str, Callable[..., tuple[float, float]]] = {
+        "clusterkit (in-memory)": lambda c, t, s: run_clusterkit(c, t, s, "memory"),
+        "clusterkit (journal file)": lambda c, t, s: run_clusterkit(c, t, s, "journal"),
+        "as-completed Optuna loop": run_as_completed,
+        "skopt ask(n_points=W) batches": run_skopt_batches,
+    }
+    rows = []
+    for workers in args.workers:
+        results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in methods}
+        with (
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                host="127.0.0.1",
+                dashboard_address=None,
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            client.wait_for_workers(workers)
+            client.submit(evaluate, [0.0] * 4, 0.0).result()  # warm the workers
+            for rep in range(args.reps):
+                times = durations(seed=1000 + rep)
+                ideal = ideal_makespan(times, workers)
+                for name, method in methods.items():
+                    if name.startswith("skopt") and rep >= args.skopt_reps:
+                        continue
+                    makespan, overhead = method(client, times, rep)
+                    results[name].append(
+                        (makespan / ideal, sum(times) / (workers * makespan), overhead)
+                    )
+                    print(
+                        f"W={workers} rep={rep} {name}: makespan {makespan:.2f}s "
+                        f"ideal {ideal:.2f}s ratio {makespan / ideal:.3f}",
+                        flush=True,
+                    )
+        for name, values in results.items():
+            ratios, utils, overheads = zip(*values, strict=True)
+            rows.append(
+                (
+                    workers,
+                    name,
+                    len(values),
+                    statistics.mean(ratios),
+                    (statistics.stdev(ratios) if len(ratios) > 1 else 0.0),
+                    statistics.mean(utils),
+                    1000 * statistics.mean(overheads),
+                )
+            )
+    print()
+    print("| W | method | reps | makespan / ideal | utilisation | driver ms / trial |")
+    print("|---|---|---|---|---|---|")
+    for w, name, reps, ratio, sd, util, ms in rows:
+        print(f"| {w} | {name} | {reps} | {ratio:.3f} ± {sd:.3f} | {util:.3f} | {ms:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
