@@ -60,10 +60,8 @@ def _security_from_env(protocol_hint: str) -> Any:
 
 def _profile_name(ref: ProfileRef) -> str | None:
     """The record name a reference can be looked up by without loading the profile."""
-    from clusterkit.schema import ProfileCommon
-
-    if isinstance(ref, ProfileCommon):
-        return ref.name
+    if hasattr(ref, "backend_name"):  # a loaded profile (checked without importing pydantic)
+        return str(ref.name)
     if ref is None:
         return os.environ.get("CLUSTERKIT_PROFILE") or "local"
     text = os.fspath(ref)

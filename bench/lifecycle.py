@@ -1,0 +1,164 @@
+"""Lifecycle overhead of clusterkit against raw distributed, side by side, interleaved, repeated.
+
+(a) `clusterkit up local` until ready  vs  a raw LocalCluster of the same size in a subprocess
+(b) get_client("NAME") from a fresh process  vs  Client(address) from a fresh process
+(c) embedded get_client() in a fresh process  vs  LocalCluster + Client in a fresh process
+(d) 1000 tiny tasks on the clusterkit cluster  vs  on the raw one (throughput ratio)
+
+Targets: (a) <= 1.2x, (b) <= 1.2x, (c) <= 1.1x, (d) >= 0.95x.
+Run: .venv/bin/python bench/lifecycle.py [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+PY = sys.executable
+# the same shape as the bundled `local` profile: 2 workers x 1 thread, loopback, dashboard on
+RAW_CLUSTER = textwrap.dedent("""
+    import sys
+    from distributed import LocalCluster
+    if __name__ == "__main__":
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                               dashboard_address="127.0.0.1:0", processes=True)
+        print(cluster.scheduler_address, flush=True)
+        sys.stdin.read()
+        cluster.close()
+""")
+RAW_ATTACH = "import sys; from distributed import Client; Client(sys.argv[1]).close()"
+CK_ATTACH = "import sys, clusterkit; clusterkit.get_client(sys.argv[1]).close()"
+RAW_EMBEDDED = textwrap.dedent("""
+    from distributed import Client, LocalCluster
+    if __name__ == "__main__":
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                               dashboard_address="127.0.0.1:0")
+        client = Client(cluster)
+        client.close(); cluster.close()
+""")
+CK_EMBEDDED = textwrap.dedent("""
+    import clusterkit
+    if __name__ == "__main__":
+        clusterkit.get_client("local").close()
+""")
+
+
+def timed(command: list[str], **kwargs: object) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, **kwargs)  # type: ignore[call-overload]
+    return time.perf_counter() - start
+
+
+def start_raw() -> tuple[subprocess.Popen[str], str, float]:
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [PY, "-c", RAW_CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()
+    return proc, address, time.perf_counter() - start
+
+
+def stop_raw(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def tiny_tasks(name_or_address: str, n: int = 1000) -> float:
+    """Seconds for n tiny tasks, measured in this process on an attached client."""
+    from distributed import Client
+
+    import clusterkit
+
+    client = (
+        clusterkit.get_client(name_or_address)
+        if "://" not in name_or_address
+        else Client(name_or_address, set_as_default=False)
+    )
+    with client:
+        client.gather(client.map(lambda x: x + 1, range(50), pure=False))  # warm up
+        start = time.perf_counter()
+        client.gather(client.map(lambda x: x + 1, range(n), pure=False))
+        return time.perf_counter() - start
+
+
+def one_round(env: dict[str, str]) -> dict[str, float]:
+    ratios: dict[str, float] = {}
+    # (a): clusterkit up vs raw LocalCluster in a subprocess, order alternating
+    ck_up = timed([PY, "-m", "clusterkit", "up", "local"], env=env)
+    raw, address, raw_up = start_raw()
+    try:
+        ratios["a"] = ck_up / raw_up
+        # (b): attach from a fresh process
+        ck_attach = timed([PY, "-c", CK_ATTACH, "local"], env=env)
+        raw_attach = timed([PY, "-c", RAW_ATTACH, address], env=env)
+        ratios["b"] = ck_attach / raw_attach
+        # (d): throughput ratio (raw time / clusterkit time: >1 means clusterkit is faster)
+        os.environ.update(env)
+        raw_tasks = tiny_tasks(address)
+        ck_tasks = tiny_tasks("local")
+        ratios["d"] = raw_tasks / ck_tasks
+    finally:
+        stop_raw(raw)
+        subprocess.run(
+            [PY, "-m", "clusterkit", "down", "local"], env=env, check=True, capture_output=True
+        )
+    # (c): embedded, each in a fresh process
+    raw_embedded = timed([PY, "-c", RAW_EMBEDDED], env=env)
+    ck_embedded = timed([PY, "-c", CK_EMBEDDED], env=env)
+    ratios["c"] = ck_embedded / raw_embedded
+    ratios.update(
+        ck_up=ck_up,
+        raw_up=raw_up,
+        ck_attach=ck_attach,
+        raw_attach=raw_attach,
+        ck_embedded=ck_embedded,
+        raw_embedded=raw_embedded,
+    )
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as state:
+        env = {**os.environ, "CLUSTERKIT_STATE_DIR": state}
+        env.pop("CLUSTERKIT_PROFILE", None)
+        rounds = [one_round(env) for _ in range(args.reps)]
+    targets = {"a": ("<=", 1.2), "b": ("<=", 1.2), "c": ("<=", 1.1), "d": (">=", 0.95)}
+    labels = {
+        "a": "up until ready / raw LocalCluster subprocess",
+        "b": "get_client(NAME) fresh process / raw Client(address)",
+        "c": "embedded get_client() / raw LocalCluster + Client",
+        "d": "1000 tiny tasks throughput: clusterkit / raw",
+    }
+    print(f"{'':3}{'measure':56}{'median':>8}{'min':>7}{'max':>7}  target")
+    for key, label in labels.items():
+        values = [r[key] for r in rounds]
+        op, bound = targets[key]
+        met = (
+            statistics.median(values) <= bound if op == "<=" else statistics.median(values) >= bound
+        )
+        print(
+            f"({key}) {label:54}{statistics.median(values):8.2f}{min(values):7.2f}"
+            f"{max(values):7.2f}  {op} {bound} {'met' if met else 'MISSED'}"
+        )
+    print(
+        "\nabsolute medians (s): "
+        + ", ".join(
+            f"{k} {statistics.median(r[k] for r in rounds):.2f}"
+            for k in ("ck_up", "raw_up", "ck_attach", "raw_attach", "ck_embedded", "raw_embedded")
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
