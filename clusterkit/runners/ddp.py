@@ -84,10 +84,19 @@ def wait_ready(client: Client, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _workers(client: Client) -> dict[str, Any]:
+    """Fresh per-worker info from the scheduler.
+
+    Not ``client.scheduler_info()``: its cached copy is overwritten every few seconds by the
+    client's periodic update, which carries no workers, so reading it can race to ``{}``.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def _slots(client: Client) -> list[Slot]:
     from distributed.comm import get_address_host
 
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = _workers(client)
     slots: list[Slot] = []
     for address in sorted(workers, key=lambda a: (get_address_host(a), a)):
         info = workers[address]
@@ -202,7 +211,7 @@ def _watch(
             raise _GroupFailed(None, "timed out")
         if now - last_check > 1.0:
             last_check = now
-            alive = set(client.scheduler_info(n_workers=-1)["workers"])
+            alive = set(_workers(client))
             for rank, slot in enumerate(slots):
                 if slot.worker not in alive and futures[rank].status != "finished":
                     raise _GroupFailed(rank, f"worker {slot.worker} left the cluster")
@@ -236,7 +245,7 @@ def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) ->
 
     from clusterkit.runners.ddp_worker import abort
 
-    alive = set(client.scheduler_info(n_workers=-1)["workers"])
+    alive = set(_workers(client))
     targets = sorted({s.worker for s in slots} & alive)
     if targets:
         try:

@@ -86,14 +86,9 @@ def _cuda_layout(spec: dict[str, Any]) -> str | None:
     torchrun scripts call ``torch.cuda.set_device(LOCAL_RANK)``; a dask-cuda worker lists its
     own GPU first, so the list is rotated to keep the script's index pointing at that GPU.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        devices = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
-        import torch
-
-        devices = [str(i) for i in range(torch.cuda.device_count())]
-    if not devices:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    if not devices:  # counting GPUs here would initialise CUDA before the layout is set
         return None
     mine = devices[spec["slot"] % len(devices)]
     others = [d for d in devices if d != mine]
@@ -131,12 +126,14 @@ def _prepare(spec: dict[str, Any], conn: Connection) -> tuple[Any, Any]:
         conn.send(("port", store.port))
     device = torch.device("cpu")
     if spec["backend"] == "nccl":
+        layout = _cuda_layout(spec)  # before any CUDA call: the runtime reads it once
+        if layout is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = layout
         if not torch.cuda.is_available():
             raise RuntimeError("backend 'nccl' needs CUDA, but torch sees no GPU on this worker")
-        layout = _cuda_layout(spec)
-        if layout is not None and layout != os.environ.get("CUDA_VISIBLE_DEVICES"):
-            os.environ["CUDA_VISIBLE_DEVICES"] = layout
-        index = spec["local_rank"] if layout and "," in layout else 0
+        # all GPUs visible: this worker's slot-th one; else the layout put ours at local_rank
+        multi = layout is not None and "," in layout
+        index = spec["slot"] if layout is None else (spec["local_rank"] if multi else 0)
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
     return store, device
@@ -175,7 +172,7 @@ def main(fd: int) -> None:
     import torch
     import torch.distributed  # preload: this is what makes a spare fast
 
-    conn.send(("ready", torch.cuda.is_available()))
+    conn.send(("ready", torch.__version__))  # no CUDA call: the layout is set per rank later
     try:
         spec = conn.recv()
     except (EOFError, OSError):
