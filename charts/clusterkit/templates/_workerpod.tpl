@@ -1,6 +1,9 @@
 {{/* Worker pod spec, shared by the Deployment and the DaskCluster. */}}
 {{- define "clusterkit.workerPod" -}}
 automountServiceAccountToken: false
+{{- with .Values.serviceAccountName }}
+serviceAccountName: {{ . }}
+{{- end }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
