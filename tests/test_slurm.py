@@ -172,7 +172,7 @@ def test_lifetime_defaults_stay_below_walltime() -> None:
         profile = SLURMProfile.model_validate({"backend": "slurm", "walltime": walltime})
         lifetime, stagger = lifetime_plan(profile)  # type: ignore[arg-type]
         total = {"00:01:00": 60, "00:30:00": 1800, "01:00:00": 3600, "2-00:00:00": 172800}
-        assert 0 < stagger and lifetime + stagger < total[walltime]
+        assert stagger > 0 and lifetime + stagger < total[walltime]
         assert lifetime >= total[walltime] / 2
 
 
