@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +89,20 @@ def print_best(study: Any, top: int = 5) -> None:
             t.number,
             ", ".join(f"{v:.5g}" for v in t.values),
             ", ".join(f"{k}={_short(v)}" for k, v in t.params.items()),
-            f"{t.duration.total_seconds():.1f}s" if t.duration else "",
+            _seconds(t),
             t.user_attrs.get(inputs.ATTR_WORKER, ""),
         )
         for t in trials
     ]
     table(f"best trials of {study.study_name}", ["#", "value", "params", "time", "worker"], rows)
+
+
+def _seconds(trial: Any) -> str:
+    """Run time on the worker when recorded, else the storage's ask-to-tell duration."""
+    span = trial.user_attrs.get(inputs.ATTR_TIME)
+    if span:
+        return f"{span[1] - span[0]:.1f}s"
+    return f"{trial.duration.total_seconds():.1f}s" if trial.duration else ""
 
 
 def _short(value: Any) -> str:
@@ -108,6 +117,7 @@ def write_results(study: Any, out: str | Path) -> Path:
         matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
     from optuna import visualization as vis
+    from optuna.exceptions import ExperimentalWarning
     from optuna.trial import TrialState
     from optuna.visualization import matplotlib as vis_mpl
 
@@ -130,7 +140,9 @@ def write_results(study: Any, out: str | Path) -> Path:
     for name, (plotly_fn, mpl_fn) in plots.items():
         try:
             plotly_fn(study).write_html(folder / f"{name}.html")
-            axes = mpl_fn(study)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)  # optuna's matplotlib API
+                axes = mpl_fn(study)
             axes.figure.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
             plt.close(axes.figure)
         except (ValueError, RuntimeError) as error:  # e.g. importances of constant params
@@ -143,6 +155,7 @@ def _timeline(study: Any, folder: Path) -> None:
     """Trials as bars per worker (the gaps are idle time), with the utilisation in the title."""
     import matplotlib.pyplot as plt
     import plotly.graph_objects as go
+    from matplotlib.patches import Patch
 
     rows = [
         (
@@ -188,6 +201,9 @@ def _timeline(study: Any, folder: Path) -> None:
             left=row[1] - origin,
             color=colors.get(row[4], "#999999"),
         )
+    axes.legend(
+        handles=[Patch(color=c, label=s.lower()) for s, c in colors.items()], loc="lower right"
+    )
     axes.set_yticks(range(len(workers)), workers)
     axes.set_xlabel("seconds")
     axes.set_title(title)
