@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+
+#PBS -N clusterkit
+#PBS -q workq
+#PBS -A proj42
+#PBS -l select=1:ncpus=8:mem=32GB
+#PBS -l walltime=30:00:00
+#PBS -e /shared/logs/dask/
+#PBS -o /shared/logs/dask/
+#PBS -j oe
+module load python/3.11
+/opt/venv/bin/python -m distributed.cli.dask_worker tcp://<scheduler-address>:8786 --name <worker-name> --nthreads 2 --memory-limit 8.00GiB --nworkers 4 --nanny --death-timeout 60 --lifetime 107400s --lifetime-stagger 300s --interface ib0 --protocol tcp://

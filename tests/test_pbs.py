@@ -1,0 +1,239 @@
+"""The pbs backend: job scripts (golden) and the qsub / qstat / qdel command lines it runs.
+
+Debian packages no PBS server (infra.md §3b), so the batch commands here are small stand-ins
+on PATH that record each call and run the submitted script as a local process. What is under
+test is ours and dask-jobqueue's: the script, the command lines, job-id parsing, state rows,
+rejection handling and cancellation. A real PBS site is needed for PBS's own behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterkit.backends.jobqueue import PBS
+from clusterkit.errors import ClusterStartError
+from clusterkit.schema import PBSProfile
+from clusterkit.security import ClusterSecurity
+
+pytestmark = pytest.mark.pbs
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_GOLDEN = os.environ.get("CLUSTERKIT_UPDATE_GOLDEN") == "1"
+
+QSUB = """\
+#!/usr/bin/env bash
+# stand-in qsub: record the call, keep the script, run it in its own session, print the id
+set -euo pipefail
+D="{state}"
+echo "qsub $*" >> "$D/calls"
+if [ -n "${{PBS_STUB_REJECT:-}}" ]; then echo "$PBS_STUB_REJECT" >&2; exit 1; fi
+script="${{@: -1}}"
+# jobs are submitted concurrently: allocate the id under a lock
+n=$(flock "$D/lock" bash -c 'n=$(( $(cat "$1/next" 2>/dev/null || echo 0) + 1 )); \
+    echo "$n" > "$1/next"; echo "$n"' _ "$D")
+cp "$script" "$D/$n.sh"
+setsid bash "$D/$n.sh" > "$D/$n.out" 2> "$D/$n.err" < /dev/null &
+echo $! > "$D/$n.pid"
+echo "$n.pbs-stub"
+"""
+QSTAT = """\
+#!/usr/bin/env bash
+# stand-in qstat -f ID: a PBS Pro style block while the job's process lives, else unknown
+D="{state}"
+echo "qstat $*" >> "$D/calls"
+id="${{@: -1}}"; n="${{id%%.*}}"
+if [ -f "$D/$n.pid" ] && kill -0 "$(cat "$D/$n.pid")" 2>/dev/null; then
+  printf 'Job Id: %s.pbs-stub\\n    job_state = R\\n    exec_host = %s/0\\n' "$n" "$(hostname -s)"
+  printf '    Error_Path = %s:%s/%s.err\\n' "$(hostname -s)" "$D" "$n"
+else
+  echo "qstat: Unknown Job Id $id" >&2; exit 153
+fi
+"""
+QDEL = """\
+#!/usr/bin/env bash
+# stand-in qdel ID...: record, end each job's process group
+D="{state}"
+echo "qdel $*" >> "$D/calls"
+for id in "$@"; do
+  n="${{id%%.*}}"
+  [ -f "$D/$n.pid" ] && kill -TERM -- "-$(cat "$D/$n.pid")" 2>/dev/null || true
+done
+"""
+
+
+@pytest.fixture
+def pbs_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """qsub/qstat/qdel stand-ins first on PATH; yields their state directory (calls, logs)."""
+    state = tmp_path / "pbs-state"
+    state.mkdir()
+    bin_dir = tmp_path / "pbs-bin"
+    bin_dir.mkdir()
+    for name, text in (("qsub", QSUB), ("qstat", QSTAT), ("qdel", QDEL)):
+        path = bin_dir / name
+        path.write_text(text.format(state=state))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    yield state
+
+
+def calls(state: Path) -> list[str]:
+    path = state / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def model(tmp_path: Path, name: str = "pb", **fields: Any) -> PBSProfile:
+    data: dict[str, Any] = {
+        "backend": "pbs",
+        "queue": "workq",
+        "workers": 2,
+        "cores": 1,
+        "memory": "1GiB",
+        "walltime": "00:10:00",
+        "start_timeout": 60,
+        "scheduler": {"dashboard": False},
+        "log_directory": str(tmp_path / "joblogs"),
+    }
+    data.update(fields)
+    return PBSProfile.model_validate(data).named(name)  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- job scripts
+
+GOLDEN_CASES = {
+    "pbs-cpu": {
+        "queue": "workq",
+        "account": "proj42",
+        "walltime": "1-06:00:00",
+        "cores": 8,
+        "memory": "32GiB",
+        "processes": 4,
+        "interface": "ib0",
+        "python": "/opt/venv/bin/python",
+        "log_directory": "/shared/logs/dask",
+        "prologue": ["module load python/3.11"],
+        "job_extra": ["-j oe"],
+    },
+    "pbs-gpu": {
+        "queue": "gpuq",
+        "walltime": "04:00:00",
+        "cores": 16,
+        "memory": "128GiB",
+        "processes": 2,
+        "python": "/opt/venv/bin/python",
+        "worker": {"gpus": 1},
+        "interface": "ib0",
+        "prologue": ["module load cuda/12.4"],
+        "protocol": "ucx",
+        "ucx": {"infiniband": True, "nvlink": True},
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_golden_job_script(case: str) -> None:
+    from clusterkit import api
+
+    profile = PBSProfile.model_validate({"backend": "pbs", **GOLDEN_CASES[case]}).named(case)
+    script = api.render(profile)
+    path = GOLDEN / f"{case}.sh"
+    if UPDATE_GOLDEN:
+        path.write_text(script)
+    assert script == path.read_text(), f"CLUSTERKIT_UPDATE_GOLDEN=1 accepts:\n{script}"
+
+
+def test_resources_and_walltime_in_pbs_terms() -> None:
+    profile = PBSProfile.model_validate(
+        {
+            "backend": "pbs",
+            "cores": 8,
+            "memory": "64GiB",
+            "processes": 2,
+            "worker": {"gpus": 1},
+            "walltime": "2-01:30:00",
+        }
+    ).named("r")
+    script = PBS.render(profile, ClusterSecurity())
+    assert "#PBS -l select=1:ncpus=8:mem=64GB:ngpus=2" in script
+    assert "#PBS -l walltime=49:30:00" in script  # PBS has no days field
+    spec = "select=1:ncpus=8:ngpus=2:gpu_model=a100"
+    custom = profile.model_copy(update={"resource_spec": spec})
+    assert f"#PBS -l {spec}" in PBS.render(custom, ClusterSecurity())
+
+
+def test_qstat_full_is_parsed() -> None:
+    from clusterkit.backends.jobqueue_batch import parse_qstat_full
+
+    text = (  # PBS Pro wraps long values onto lines that start with a tab
+        "Job Id: 17.server\n"
+        "    Job_Name = clusterkit\n"
+        "    job_state = Q\n"
+        "    comment = Not Running: Insufficient amount of resource: ngpus (R: 2 A: 0 T: 8\n"
+        "\t)\n"
+        "    Error_Path = login1:/home/me/clusterkit.e17\n"
+    )
+    info = parse_qstat_full("17", text)
+    assert info.state == "Q"
+    assert info.reason == "Not Running: Insufficient amount of resource: ngpus (R: 2 A: 0 T: 8)"
+    assert info.stderr_path == "/home/me/clusterkit.e17"
+
+
+# ---------------------------------------------------------------- command lines
+
+
+def test_submit_status_cancel_command_lines(pbs_bin: Path, tmp_path: Path) -> None:
+    from distributed import Client
+
+    profile = model(tmp_path)
+    rendered = PBS.render(profile, ClusterSecurity())
+    cluster: Any = PBS.create_cluster(profile, ClusterSecurity())
+    try:
+        submits = [c for c in calls(pbs_bin) if c.startswith("qsub")]
+        assert len(submits) == 2
+        assert all(re.fullmatch(r"qsub /\S+\.sh", c) for c in submits), submits
+        script = (pbs_bin / "1.sh").read_text()
+        normal = re.sub(r"tcp://127\.0\.0\.1:\d+", "tcp://<scheduler-address>:8786", script)
+        normal = re.sub(r"--name pb-\d+", "--name <worker-name>", normal)
+        assert normal == rendered
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+        rows = PBS.describe(cluster, profile)
+        assert sorted((r.name, r.state) for r in rows) == [("1", "R"), ("2", "R")]
+        assert "qstat -f 1" in calls(pbs_bin)
+    finally:
+        cluster.close()
+    assert {"qdel 1", "qdel 2"} <= set(calls(pbs_bin))
+    assert getattr(cluster, "jobs_left", []) == []
+
+
+def test_rejected_submission_gives_qsub_stderr(
+    pbs_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PBS_STUB_REJECT", "qsub: Unknown queue MSG=requested queue not found")
+    with pytest.raises(ClusterStartError) as caught:
+        PBS.create_cluster(model(tmp_path, queue="nope"), ClusterSecurity())
+    assert "Unknown queue" in caught.value.message
+    assert caught.value.exit_code == 1
+    assert [c for c in calls(pbs_bin) if c.startswith("qdel")] == []
+
+
+def test_evidence_names_job_state_and_stderr(pbs_bin: Path, tmp_path: Path) -> None:
+    profile = model(tmp_path, workers=1)
+    cluster: Any = PBS.create_cluster(profile, ClusterSecurity())
+    try:
+        from distributed import Client
+
+        with Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+        lines = PBS.evidence(cluster, profile)
+        assert lines[0] == "job 1: R"
+        assert any("distributed.worker" in line for line in lines[1:]), lines  # its stderr
+    finally:
+        cluster.close()
