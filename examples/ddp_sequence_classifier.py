@@ -6,7 +6,7 @@ per worker, one per GPU on GPU workers); ranks shard the training set with
 ``DistributedSampler``, checkpoint every epoch (a restarted group resumes), and rank 0 returns
 the held-out accuracy and ROC-AUC, shown as a table.
 
-    python examples/ddp_sequence_classifier.py --profile local --folds 5 --epochs 6
+    python examples/ddp_sequence_classifier.py --profile local --folds 5 --epochs 4
 """
 
 from __future__ import annotations
@@ -19,20 +19,25 @@ import numpy as np
 
 MOTIF = "C(=O)N"
 TOKENS = ["C", "C", "C", "c", "c", "N", "O", "n", "(", ")", "=", "1", "2", "F", "Cl", "S"]
+DECOYS = ["C(=O)O", "C(=N)N", "C(O)N", "N(=O)C", "C(=O)C", "C(=S)N"]
 PAD = 0
 
 
 def make_dataset(n: int, seed: int = 0, max_len: int = 48) -> tuple[list[str], np.ndarray]:
-    """Random SMILES-like strings; half carry the amide motif (label 1), the rest never do."""
+    """Random SMILES-like strings; half carry the amide motif (label 1), the rest never do.
+
+    Both classes get near-miss decoys (ester, amidine, ...) so the model has to learn the
+    exact substructure, not just "has C, =, O and N near each other".
+    """
     rng = random.Random(seed)
     smiles, labels = [], []
     while len(smiles) < n:
-        body = "".join(rng.choice(TOKENS) for _ in range(rng.randint(8, max_len - len(MOTIF))))
+        body = "".join(rng.choice(TOKENS) for _ in range(rng.randint(8, max_len - 12)))
         positive = len(smiles) % 2 == 0
-        if positive:
+        for fragment in [MOTIF] * positive + [rng.choice(DECOYS)] * (rng.random() < 0.7):
             cut = rng.randint(0, len(body))
-            body = body[:cut] + MOTIF + body[cut:]
-        elif MOTIF in body:
+            body = body[:cut] + fragment + body[cut:]
+        if (MOTIF in body) != positive:
             continue
         smiles.append(body)
         labels.append(int(positive))
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="clusterkit profile (default: local)")
     parser.add_argument("--folds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--samples", type=int, default=3000)
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("--max-restarts", type=int, default=1)

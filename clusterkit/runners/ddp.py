@@ -205,7 +205,7 @@ def _watch(
             return client.gather(futures)
         for rank, status in enumerate(statuses):
             if status in ("error", "cancelled", "lost"):
-                raise _first_failure(client, futures, rank)
+                raise _GroupFailed(rank, f"task {status}")
         now = time.monotonic()
         if deadline is not None and now > deadline:
             raise _GroupFailed(None, "timed out")
@@ -218,10 +218,13 @@ def _watch(
         time.sleep(0.02)
 
 
-def _first_failure(client: Client, futures: list[Future], rank: int) -> _GroupFailed:
-    """The earliest real error among the ranks (a peer's collective error comes later)."""
+def _first_failure(futures: list[Future], slots: list[Slot], alive: set[str]) -> _GroupFailed:
+    """The cause: a lost worker, else the earliest real error (a peer's comes later)."""
     from clusterkit.runners.ddp_worker import RankError
 
+    for rank, slot in enumerate(slots):
+        if slot.worker not in alive:
+            return _GroupFailed(rank, f"worker {slot.worker} left the cluster")
     errors = []
     for index, future in enumerate(futures):
         if future.status != "error":
@@ -234,13 +237,13 @@ def _first_failure(client: Client, futures: list[Future], rank: int) -> _GroupFa
         else:
             errors.append((float("inf"), index, f"{type(error).__name__}: {error}", ""))
     if not errors:
-        return _GroupFailed(rank, f"task {futures[rank].status}")
+        return _GroupFailed(None, "a rank task ended without a result")
     _, first, message, tb = min(errors, key=lambda e: (e[0], e[1]))
     return _GroupFailed(first, message, tb)
 
 
-def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) -> None:
-    """Kill every rank process of this attempt and let the tasks settle (bounded)."""
+def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) -> set[str]:
+    """Kill every rank process of this attempt, let the tasks settle (bounded); alive workers."""
     from distributed import wait
 
     from clusterkit.runners.ddp_worker import abort
@@ -257,25 +260,25 @@ def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) ->
         wait(running, timeout=15)
     except TimeoutError:
         log.warning("ranks of %s still running 15s after abort", key)
-    client.cancel(futures, force=True)
+    return alive
 
 
 def _checkpoint(client: Client, run_id: str) -> bytes | None:
-    from distributed import Variable
+    from distributed import Event, Variable
 
-    try:
-        return Variable(f"{run_id}-ckpt", client=client).get(timeout=0.5)
-    except TimeoutError:
+    if not Event(f"{run_id}-ckpt", client).is_set():
         return None
+    return Variable(f"{run_id}-ckpt", client=client).get()
 
 
 def _cleanup(client: Client, run_id: str, attempts: int) -> None:
-    from distributed import Variable
+    from distributed import Event, Variable
 
     names = [f"{run_id}-ckpt"] + [f"{run_id}-a{a}-port" for a in range(attempts)]
     for name in names:
         try:
             Variable(name, client=client).delete()
+            Event(name, client).clear()
         except Exception as error:  # cleanup must not hide the run's outcome
             log.debug("could not delete variable %s: %s", name, error)
 
@@ -459,9 +462,13 @@ def _launch(
         )
     try:
         return _watch(client, futures, slots, deadline)
-    except _GroupFailed:
-        _stop(client, specs[0]["key"], futures, slots)
-        raise
+    except _GroupFailed as failure:
+        alive = _stop(client, specs[0]["key"], futures, slots)
+        if failure.message == "timed out":
+            raise
+        raise _first_failure(futures, slots, alive) from None
     except BaseException:
         _stop(client, specs[0]["key"], futures, slots)
         raise
+    finally:
+        client.cancel(futures, force=True)

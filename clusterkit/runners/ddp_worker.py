@@ -162,29 +162,34 @@ def _set_profiler(worker: Any, pause: bool) -> None:
 
 
 def _publish_port(key: str, port: int | None, timeout: float) -> int:
-    """Rank 0 publishes its store's port; the other ranks wait for it (bounded)."""
-    from distributed import Variable, get_client
+    """Rank 0 publishes its store's port; the other ranks wait for it (bounded).
 
-    variable = Variable(f"{key}-port", client=get_client())
+    An Event signals it (waiting on an Event times out quietly; a Variable.get that times
+    out is logged as an error by the scheduler), the Variable carries it.
+    """
+    from distributed import Event, Variable, get_client
+
+    client = get_client()
+    variable, ready = Variable(f"{key}-port", client=client), Event(f"{key}-port", client)
     if port is not None:
         variable.set(port)
+        ready.set()
         return port
     deadline = time.monotonic() + timeout
-    while True:
+    while not ready.wait(timeout=1.0):
         if key in _aborted:
             raise RuntimeError("aborted before rendezvous")
-        try:
-            return int(variable.get(timeout=1.0))
-        except TimeoutError:
-            if time.monotonic() > deadline:
-                message = f"rank 0 did not publish its port within {timeout:.0f}s"
-                raise TimeoutError(message) from None
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not publish its port within {timeout:.0f}s")
+    return int(variable.get())
 
 
 def _store_checkpoint(run_id: str, data: bytes) -> None:
-    from distributed import Variable, get_client
+    from distributed import Event, Variable, get_client
 
-    Variable(f"{run_id}-ckpt", client=get_client()).set(data)
+    client = get_client()
+    Variable(f"{run_id}-ckpt", client=client).set(data)
+    Event(f"{run_id}-ckpt", client).set()
 
 
 def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
