@@ -363,3 +363,10 @@ def test_ddp_two_ranks_in_two_jobs(slurm: S.Slurm, tmp_path: Path) -> None:
         assert len({r["job"] for r in results}) == 2, results
     finally:
         api.down(record.name)
+
+
+def test_bundled_slurm_gpu_profile_renders() -> None:
+    script = api.render("slurm-gpu")
+    assert "#SBATCH --gres=gpu:2" in script and "#SBATCH -J clusterkit" in script
+    assert "--resources GPU=1" in script and "--enable-infiniband" in script
+    assert "~" not in script.split("\n#SBATCH -p")[0], "log paths must be expanded"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -135,7 +136,10 @@ def job_kwargs(profile: JobQueueProfile, security: ClusterSecurity) -> dict[str,
         "protocol": f"{security.scheme}://",
         "security": security.distributed(),
         "local_directory": profile.local_directory,
-        "log_directory": profile.log_directory,
+        # batch directives do not expand ~, and dask-jobqueue creates the directory here
+        "log_directory": os.path.expanduser(profile.log_directory)
+        if profile.log_directory
+        else None,
         "python": profile.python or sys.executable,
         "death_timeout": int(profile.death_timeout),
     }
