@@ -237,3 +237,11 @@ def test_evidence_names_job_state_and_stderr(pbs_bin: Path, tmp_path: Path) -> N
         assert any("distributed.worker" in line for line in lines[1:]), lines  # its stderr
     finally:
         cluster.close()
+
+
+def test_bundled_pbs_gpu_profile_renders() -> None:
+    from clusterkit import api
+
+    script = api.render("pbs-gpu")
+    assert "#PBS -l select=1:ncpus=16:mem=128GB:ngpus=2" in script
+    assert "-m dask_cuda.cli worker tcp://<scheduler-address>:8786" in script
