@@ -242,7 +242,7 @@ def test_rejected_job_script_gives_sbatch_stderr(slurm: S.Slurm, tmp_path: Path)
     error = caught.value
     assert error.exit_code == 1
     assert "invalid partition" in error.message.lower(), error.message
-    assert "job submission" in error.component
+    assert error.component == "slurm job submission"
     assert slurm.queue() == []
 
 

@@ -324,7 +324,7 @@ def submit(cluster: Any, workers: int) -> None:
         first = lines[0] if lines else text.strip()
         raise ClusterStartError(
             f"the batch system rejected the job: {first}",
-            component=f"{type(cluster).__name__} job submission",
+            component=f"{getattr(cluster, 'system', 'batch')} job submission",
             evidence=lines[-12:],
             hint="check queue/partition, account, walltime, cores and memory in the profile",
         ) from error
