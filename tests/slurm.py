@@ -2,7 +2,7 @@
 
 ``start(directory)`` writes slurm.conf (infra.md §3a), starts the daemons and waits for the node
 to be idle; ``Slurm.stop()`` cancels every job, waits for the queue to empty, and stops the
-daemons by the PIDs in their pid files. munged is left alone if it was already running.
+daemons by the PIDs in their pid files; munged too, unless it was already running.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class Slurm:
     directory: Path
     conf: Path
     pids: dict[str, int] = field(default_factory=dict)
+    munged_pid: int | None = None  # set when this fixture started munged
 
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": str(self.conf)}
@@ -113,6 +114,8 @@ class Slurm:
             pid = self.pids.get(name) or _read_pid(self.directory / f"{name}.pid")
             if pid:
                 _stop_pid(pid)
+        if self.munged_pid:
+            _stop_pid(self.munged_pid)
 
 
 def _read_pid(path: Path) -> int | None:
@@ -147,10 +150,13 @@ def _munged_running() -> bool:
     return done.returncode == 0
 
 
-def ensure_munged() -> None:
-    """munged must run for SLURM's auth; it is shared by every SLURM on this host."""
+MUNGED_PID = Path("/run/munge/munged.pid")
+
+
+def ensure_munged() -> int | None:
+    """Start munged (SLURM's auth) unless it runs; its PID when started here, else None."""
     if _munged_running():
-        return
+        return None
     os.makedirs("/run/munge", exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
     os.chmod("/run/munge", 0o755)
@@ -159,7 +165,7 @@ def ensure_munged() -> None:
     while time.monotonic() < deadline:
         check = subprocess.run("munge -n | unmunge", shell=True, capture_output=True, check=False)
         if check.returncode == 0:
-            return
+            return _read_pid(MUNGED_PID)
         time.sleep(0.1)
     raise RuntimeError("munged did not start")
 
@@ -182,8 +188,7 @@ def start(directory: Path, timeout: float = 30.0) -> Slurm:
             slurmd_port=_free_port(),
         )
     )
-    ensure_munged()
-    slurm = Slurm(directory, conf)
+    slurm = Slurm(directory, conf, munged_pid=ensure_munged())
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for daemon in ("slurmctld", "slurmd"):
         subprocess.run([daemon, "-f", str(conf)], env=env, check=True, timeout=30)
