@@ -156,6 +156,11 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
             )
         conn.send(("started", time.time()))
         return train_fn(ctx, *args, **kwargs)
+    except BaseException as error:
+        # Stamp the failure before destroy_process_group wakes the peers with errors of their
+        # own: the driver reports the earliest stamp as the cause.
+        error._clusterkit_failed_at = time.time()  # type: ignore[attr-defined]
+        raise
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -191,7 +196,7 @@ def main(fd: int) -> None:
                         "type": type(error).__name__,
                         "message": str(error),
                         "traceback": traceback.format_exc(),
-                        "time": time.time(),
+                        "time": getattr(error, "_clusterkit_failed_at", time.time()),
                     },
                 )
             )
