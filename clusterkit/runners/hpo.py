@@ -25,6 +25,7 @@ killed driver are failed, marked ``ck_orphaned`` (not counted) and their paramet
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
@@ -61,7 +62,10 @@ class _Attempt:
 
 def _slots(client: Client, resources: Mapping[str, float] | None) -> int:
     """Trials that can run at once: worker threads, or units of the requested resources."""
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    return _count_slots(client.scheduler_info(n_workers=-1)["workers"].values(), resources)
+
+
+def _count_slots(workers: Any, resources: Mapping[str, float] | None) -> int:
     if not resources:
         return sum(int(w.get("nthreads", 1)) for w in workers)
     total = 0
@@ -140,7 +144,7 @@ class _Driver:
             self.directions,
             attempt_number,
             self.topic,
-            f"{attempt_number}-{submits}",
+            submits,
             key=key,
             pure=False,
             resources=self.resources,
@@ -149,27 +153,38 @@ class _Driver:
         future.add_done_callback(lambda f: self.inbox.put(("done", f)))
         return future
 
-    def _slots(self) -> int:
-        """Slot count, asked of the scheduler at most once a second (it is an RPC)."""
+    def _refresh_slots(self) -> None:
+        """Re-count slots at most once a second, in the background: workers come and go."""
         now = time.monotonic()
         if now - self._slots_at > 1.0:
-            self._slots_value = max(1, _slots(self.client, self.resources))
             self._slots_at = now
-        return self._slots_value
+            self.client.loop.add_callback(self._update_slots)
+
+    async def _update_slots(self) -> None:
+        scheduler: Any = self.client.scheduler
+        try:
+            info = await scheduler.identity(n_workers=-1)
+        except OSError:  # the scheduler is briefly unreachable: keep the last count
+            return
+        self._slots_value = max(1, _count_slots(info["workers"].values(), self.resources))
 
     def _fill(self) -> None:
-        slots = self._slots()
-        while len(self.inflight) < slots and self.done + len(self.inflight) < self.n_trials:
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                return
+        while (
+            len(self.inflight) < self._slots_value
+            and self.done + len(self.inflight) < self.n_trials
+            and (self.deadline is None or time.monotonic() < self.deadline)
+        ):
             trial = self.study.ask()
             self.inflight[trial.number] = _Attempt(
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
             )
+        self._refresh_slots()  # after dispatching, so the RPC never delays a trial
 
     def loop(self) -> None:
         self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
         try:
+            self._slots_value = max(1, _slots(self.client, self.resources))
+            self._slots_at = time.monotonic()
             self._fill()
             self._show()
             while self.inflight:
@@ -203,6 +218,13 @@ class _Driver:
                 self._fill()
             self._show()
             return
+        if kind == "result":
+            if msg.get("attempt") == attempt.submits and not msg.get("via_future"):
+                record = json.loads(msg["record"])
+                record["intermediate"] = {int(k): v for k, v in record["intermediate"].items()}
+                record["exception"] = msg.get("exception")
+                self._complete(attempt, record)
+            return
         try:
             if kind == "param":
                 from optuna.distributions import json_to_distribution
@@ -235,12 +257,8 @@ class _Driver:
         attempt = self.inflight.get(number)
         if attempt is None or attempt.future.key != future.key:
             return  # a cancelled or superseded attempt
-        if future.status == "finished":
-            # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
-            self.inflight.pop(number, None)
-            self.done += 1
-            self._fill()
-            self._record(attempt, future.result())
+        if future.status == "finished":  # its record did not come as an event: fetch it
+            self._complete(attempt, future.result())
             return
         error = None if future.status == "cancelled" else future.exception()
         if error is not None and not _is_lost_worker(error):
@@ -253,6 +271,13 @@ class _Driver:
         attempt.submits = tries + 1
         logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
         attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
+
+    def _complete(self, attempt: _Attempt, record: dict[str, Any]) -> None:
+        # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
+        self.inflight.pop(attempt.number, None)
+        self.done += 1
+        self._fill()
+        self._record(attempt, record)
 
     def _fail_lost(self, attempt: _Attempt, why: str) -> None:
         tries = max(attempt.starts, attempt.submits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import pickle
 import time
@@ -30,17 +31,19 @@ class Channel:
     that the driver answers.
     """
 
-    def __init__(self, topic: str, number: int, attempt_key: str) -> None:
+    def __init__(self, topic: str, number: int, attempt: int) -> None:
         from distributed import get_worker
 
         self.worker = get_worker()
         self.topic = topic
         self.number = number
-        self.reply_name = f"{topic}-reply-{attempt_key}"
+        self.attempt = attempt  # the driver's submission count, to drop superseded messages
+        self.reply_name = f"{topic}-reply-{number}-{attempt}"
         self._queue: Any = None
 
     def send(self, kind: str, **fields: Any) -> None:
-        self.worker.log_event(self.topic, {"kind": kind, "number": self.number, **fields})
+        message = {"kind": kind, "number": self.number, "attempt": self.attempt, **fields}
+        self.worker.log_event(self.topic, message)
 
     def ask_prune(self, intermediate: dict[int, float]) -> bool:
         from distributed import Queue
@@ -63,6 +66,22 @@ class MirrorStorage(InMemoryStorage):
         super().__init__()
         self.channel = channel
         self.tracked_id = -1
+
+    def adopt_trial(self, study_id: int, trial: FrozenTrial) -> int:
+        """``create_new_trial(template_trial=trial)`` without its deep copy: the snapshot was
+        unpickled for this storage alone, and copying it was most of a dispatch's cost."""
+        try:
+            with self._lock:
+                trial_id = self._max_trial_id + 1
+                self._max_trial_id = trial_id
+                trial.number = len(self._studies[study_id].trials)
+                trial._trial_id = trial_id
+                self._trial_id_to_study_id_and_number[trial_id] = (study_id, trial.number)
+                self._studies[study_id].trials.append(trial)
+                self._update_cache(trial_id, study_id)
+                return trial_id
+        except AttributeError:  # Optuna changed its internals: take the public, slower path
+            return self.create_new_trial(study_id, template_trial=trial)
 
     def set_trial_param(
         self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any
@@ -113,7 +132,7 @@ def _build_mirror(
     study_id = storage.create_new_study([StudyDirection(d) for d in directions], study_name)
     local_id = -1
     for frozen in snapshot:  # snapshot is ordered by number, so local numbers match
-        trial_id = storage.create_new_trial(study_id, template_trial=frozen)
+        trial_id = storage.adopt_trial(study_id, frozen)
         if frozen.number == number:
             local_id = trial_id
     if local_id < 0:
@@ -134,14 +153,14 @@ def run_trial(
     directions: Sequence[int],
     number: int,
     topic: str,
-    attempt_key: str,
+    attempt: int,
 ) -> dict[str, Any]:
     """Run trial ``number`` of the study on this worker and return its full record.
 
     The sampler arrives pickled with its random state fixed by the driver, so a re-run of this
     same task (Dask reschedules it when its worker dies) proposes the same parameters.
     """
-    channel = Channel(topic, number, attempt_key)
+    channel = Channel(topic, number, attempt)
     start = time.time()
     channel.send("start", worker=channel.worker.address, time=start)
     objective = _load_objective(objective_blob)
@@ -176,4 +195,25 @@ def run_trial(
         start=start,
         end=time.time(),
     )
+    _send_result(channel, record)
     return record
+
+
+def _plain(values: Any) -> float | list[float]:
+    if isinstance(values, Sequence) and not isinstance(values, str):
+        return [float(v) for v in values]
+    return float(values)
+
+
+def _send_result(channel: Channel, record: dict[str, Any]) -> None:
+    """Send the record on the event stream, which reaches the driver before the task's own
+    completion and saves it a gather round trip; what JSON cannot carry goes by the result."""
+    message = {k: v for k, v in record.items() if k != "exception"}
+    try:
+        if record["values"] is not None:
+            message["values"] = _plain(record["values"])
+        text = json.dumps(message)
+    except (TypeError, ValueError):
+        channel.send("result", via_future=True)
+        return
+    channel.send("result", record=text, exception=record["exception"])
