@@ -158,7 +158,8 @@ class _Driver:
         now = time.monotonic()
         if now - self._slots_at > 1.0:
             self._slots_at = now
-            self.client.loop.add_callback(self._update_slots)
+            loop: Any = self.client.loop
+            loop.add_callback(self._update_slots)
 
     async def _update_slots(self) -> None:
         scheduler: Any = self.client.scheduler
