@@ -370,3 +370,21 @@ def test_bundled_slurm_gpu_profile_renders() -> None:
     assert "#SBATCH --gres=gpu:2" in script and "#SBATCH -J clusterkit" in script
     assert "--resources GPU=1" in script and "--enable-infiniband" in script
     assert "~" not in script.split("\n#SBATCH -p")[0], "log paths must be expanded"
+
+
+def test_tls_jobs_join_and_a_client_without_certificates_is_refused(
+    slurm: S.Slurm, tmp_path: Path
+) -> None:
+    from distributed import Client
+
+    record = api.up(profile_file(tmp_path, "tls", protocol="tls"))
+    try:
+        assert record.address.startswith("tls://127.0.0.1:")
+        with get_client(record.name) as client:
+            assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+            scripts = client.run(lambda: os.environ.get("SLURM_JOB_ID"))
+            assert all(scripts.values())
+        with pytest.raises(OSError):  # a plain-TCP client never gets a connection
+            Client(record.address.replace("tls://", "tcp://"), timeout=3)
+    finally:
+        api.down(record.name)
