@@ -385,8 +385,12 @@ class WorkerGroup(Strict):
     worker: WorkerSpec = WorkerSpec()
     image: str | None = None
     resources: K8sResources = K8sResources()
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    node_selector: dict[str, str] | None = Field(
+        None, description="unset = the profile's; {} = none (e.g. CPU workers)"
+    )
+    tolerations: list[dict[str, Any]] | None = Field(
+        None, description="unset = the profile's; [] = none"
+    )
 
 
 class KubernetesProfile(ClusterProfile):

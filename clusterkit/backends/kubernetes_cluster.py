@@ -1,0 +1,88 @@
+"""KubeCluster handles, with the scheme and certificates of TLS clusters.
+
+dask-kubernetes builds ``tcp://`` addresses and plain ``rpc``s to the scheduler; for a TLS
+cluster this subclass swaps in the ``tls://`` scheme and the cluster's connection arguments.
+Everything else (finding the Service, waiting for the pod, scale, adapt) is the library's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clusterkit.security import ClusterSecurity
+
+
+def _cluster_class() -> type:
+    from dask_kubernetes.operator import KubeCluster
+    from distributed.core import rpc
+
+    class SecureKubeCluster(KubeCluster):  # type: ignore[misc]
+        """KubeCluster whose scheduler address and comms honour the cluster's security."""
+
+        def __init__(self, *args: Any, ck_security: ClusterSecurity, **kwargs: Any) -> None:
+            self._ck_security = ck_security
+            self.security = ck_security.distributed()
+            super().__init__(*args, **kwargs)
+
+        def _connection_args(self) -> dict[str, Any]:
+            if self.security is None:
+                return {}
+            return dict(self.security.get_connection_args("client"))
+
+        async def _get_scheduler_address(self) -> str:
+            address: str = await super()._get_scheduler_address()
+            scheme = self._ck_security.scheme
+            return address if scheme == "tcp" else f"{scheme}://{address.split('://', 1)[1]}"
+
+        async def _connect_cluster(self) -> None:
+            if self._ck_security.scheme == "tcp":
+                await super()._connect_cluster()
+                return
+            # The library's version with TLS-aware comms (its helper opens plain rpcs).
+            from dask_kubernetes.operator.kubecluster.kubecluster import (
+                wait_for_scheduler,
+                wait_for_service,
+            )
+            from dask_kubernetes.operator.networking import get_scheduler_address
+
+            if self.shutdown_on_close is None:
+                self.shutdown_on_close = False
+            await wait_for_scheduler(self.name, self.namespace, timeout=self._resource_timeout)
+            await wait_for_service(f"{self.name}-scheduler", self.namespace)
+            address = await self._get_scheduler_address()
+            args = self._connection_args()
+            while True:
+                try:
+                    async with rpc(address, connection_args=args) as comm:
+                        await comm.versions()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+            self.scheduler_comm = rpc(address, connection_args=args)
+            dashboard = await get_scheduler_address(
+                f"{self.name}-scheduler",
+                self.namespace,
+                port_name="http-dashboard",
+                port_forward_cluster_ip=self.port_forward_cluster_ip,
+            )
+            self.forwarded_dashboard_port = dashboard.split(":")[-1]
+
+    return SecureKubeCluster
+
+
+def connect(name: str, namespace: str, security: ClusterSecurity, timeout: float) -> Any:
+    """A handle on an existing DaskCluster that never deletes it when closed."""
+    from dask_kubernetes.operator.kubecluster.kubecluster import CreateMode
+
+    cls = _cluster_class()
+    return cls(
+        name=name,
+        namespace=namespace,
+        ck_security=security,
+        quiet=True,
+        create_mode=CreateMode.CONNECT_ONLY,
+        shutdown_on_close=False,
+        resource_timeout=int(timeout),
+    )
