@@ -388,3 +388,11 @@ def test_tls_jobs_join_and_a_client_without_certificates_is_refused(
             Client(record.address.replace("tls://", "tcp://"), timeout=3)
     finally:
         api.down(record.name)
+
+
+def test_doctor_checks_sbatch_and_partition(slurm: S.Slurm, tmp_path: Path) -> None:
+    checks = {c.name: c for c in SLURM.doctor(model(tmp_path), ClusterSecurity())}
+    assert checks["sbatch on PATH"].ok
+    assert checks[f"slurm queue '{S.PARTITION}'"].ok
+    bad = {c.name: c for c in SLURM.doctor(model(tmp_path, queue="gpu-nope"), ClusterSecurity())}
+    assert not bad["slurm queue 'gpu-nope'"].ok

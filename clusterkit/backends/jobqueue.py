@@ -310,6 +310,18 @@ class JobQueueBackend:
                     fix="set interface (e.g. ib0) or scheduler.host for a multi-node site",
                 )
             )
+        queue = QUEUES[self.NAME]
+        if profile.queue and shutil.which(submit_command):
+            known = queue.queue_exists(profile.queue)
+            if known is not None:
+                checks.append(
+                    Check(
+                        f"{self.NAME} queue '{profile.queue}'",
+                        ok=known,
+                        detail="exists" if known else "the batch system does not know it",
+                        fix="set queue to one listed by `sinfo -s` (SLURM) or `qstat -Q` (PBS)",
+                    )
+                )
         return checks
 
 

@@ -59,6 +59,13 @@ class SlurmQueue:
                 found[parts[0]] = JobInfo(parts[0], parts[1], reason, parts[3], parts[4])
         return found
 
+    def queue_exists(self, name: str) -> bool | None:
+        """Whether the partition exists (None when sinfo cannot answer)."""
+        done = _run(["sinfo", "-h", "-o", "%R"])
+        if done is None or done.returncode != 0:
+            return None
+        return name in done.stdout.split()
+
     def stderr_path(self, job_id: str) -> str | None:
         done = _run(["scontrol", "show", "job", str(job_id)])
         if done is None or done.returncode != 0:
@@ -86,6 +93,13 @@ class PBSQueue:
             if info.state not in {"F", "C"}:  # finished (PBS Pro), completed (Torque)
                 found[job_id] = info
         return found
+
+    def queue_exists(self, name: str) -> bool | None:
+        """Whether the queue exists (None when qstat cannot answer at all)."""
+        done = _run(["qstat", "-Q", name])
+        if done is None:
+            return None
+        return done.returncode == 0
 
     def stderr_path(self, job_id: str) -> str | None:
         done = _run(["qstat", "-f", str(job_id)])
