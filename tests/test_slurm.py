@@ -396,3 +396,11 @@ def test_doctor_checks_sbatch_and_partition(slurm: S.Slurm, tmp_path: Path) -> N
     assert checks[f"slurm queue '{S.PARTITION}'"].ok
     bad = {c.name: c for c in SLURM.doctor(model(tmp_path, queue="gpu-nope"), ClusterSecurity())}
     assert not bad["slurm queue 'gpu-nope'"].ok
+
+
+def test_job_that_dies_gives_its_stderr(slurm: S.Slurm, tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "nopython", python="/nonexistent/bin/python", start_timeout=8)
+    with pytest.raises(ClusterStartError) as caught:
+        api.up(path)
+    text = "\n".join(caught.value.evidence)
+    assert "/nonexistent/bin/python" in text and "No such file" in text, text

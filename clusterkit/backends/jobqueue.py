@@ -252,7 +252,7 @@ class JobQueueBackend:
         """One row per job: the batch system's state and, for pending jobs, its reason."""
         from clusterkit.backends.jobqueue_cluster import job_ids
 
-        ids = job_ids(cluster)
+        ids = job_ids(cluster, current=True)  # not the jobs already replaced
         known = QUEUES[self.NAME].jobs(ids)
         rows = []
         for job_id in ids:
@@ -285,9 +285,18 @@ class JobQueueBackend:
                 why = f" (reason: {info.reason})" if info.reason else ""
                 lines.append(f"job {job_id}: {info.state}{why}")
             path = queue.stderr_path(job_id) or (info.stderr_path if info else None)
-            for line in tail(path):
+            for line in tail(path or self.log_guess(profile, job_id)):
                 lines.append(f"  {line}")
         return lines
+
+    def log_guess(self, profile: JobQueueProfile, job_id: str) -> str | None:
+        """Where dask-jobqueue's directives put a job's stderr, once the queue forgot the job."""
+        if not profile.log_directory:
+            return None
+        directory = os.path.expanduser(profile.log_directory)
+        if self.NAME == "slurm":  # "#SBATCH -e {dir}/{job_name}-%J.err"
+            return os.path.join(directory, f"{profile.job_name}-{job_id}.err")
+        return os.path.join(directory, f"{profile.job_name}.e{job_id}")  # PBS's default name
 
     def doctor(self, profile: JobQueueProfile, security: ClusterSecurity) -> list[Check]:
         import shutil

@@ -20,14 +20,17 @@ DRAIN_TIMEOUT = 30.0
 REPLACE_INTERVAL = 2.0
 
 
-def job_ids(cluster: Any) -> list[str]:
-    """Ids of every job this cluster submitted and still tracks (or tracked at close)."""
+def job_ids(cluster: Any, *, current: bool = False) -> list[str]:
+    """Ids of the jobs the cluster tracks now, or (default) of every job it ever submitted."""
     seen: set[str] = getattr(cluster, "_clusterkit_job_ids", set())
-    for job in list(getattr(cluster, "workers", {}).values()):
-        if getattr(job, "job_id", None):
-            seen.add(str(job.job_id))
+    now = {
+        str(job.job_id)
+        for job in list(getattr(cluster, "workers", {}).values())
+        if getattr(job, "job_id", None)
+    }
+    seen |= now
     cluster._clusterkit_job_ids = seen
-    return sorted(seen)
+    return sorted(now if current else seen, key=lambda j: (len(j), j))
 
 
 class _DrainOnClose:
