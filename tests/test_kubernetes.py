@@ -1,0 +1,250 @@
+"""Kubernetes backend against the real dask-kubernetes operator on a kmock API emulator.
+
+The harness process (tests/k8s) runs the emulator on 127.0.0.1, the operator (kopf) and a
+kubelet shim that turns the operator's Deployments into real scheduler / worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dask_kubernetes.operator  # noqa: F401 - a missing extra must fail this tier, not skip
+import httpx
+import kmock  # noqa: F401
+import pytest
+import yaml
+
+from clusterkit import api
+from clusterkit.backends import kubernetes as backend
+from clusterkit.backends.kubernetes_manifest import validate_manifest
+from clusterkit.errors import ClusterkitError, ClusterStartError, ProfileError
+from clusterkit.profiles import load_profile
+from clusterkit.security import ClusterSecurity
+
+pytestmark = pytest.mark.kubernetes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Harness:
+    directory: Path
+    port: int
+
+    def faults(self, **faults: Any) -> None:
+        httpx.post(f"http://127.0.0.1:{self.port}/__faults", json=faults).raise_for_status()
+
+    def objects(self, plural: str, group: str = "kubernetes.dask.org/v1") -> list[dict[str, Any]]:
+        base = "api/v1" if group == "v1" else f"apis/{group}"
+        reply = httpx.get(f"http://127.0.0.1:{self.port}/{base}/namespaces/default/{plural}")
+        return list(reply.json()["items"])
+
+    def log_tail(self) -> str:
+        path = self.directory / "harness.log"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    directory = tmp_path_factory.mktemp("k8s")
+    log = open(directory / "harness.out", "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.k8s.harness", str(directory)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    old = os.environ.get("KUBECONFIG")
+    try:
+        deadline = time.monotonic() + 90
+        while not (directory / "ready").exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                output = (directory / "harness.out").read_text()[-3000:]
+                pytest.fail(f"emulator harness did not start:\n{output}")
+            time.sleep(0.1)
+        os.environ["KUBECONFIG"] = str(directory / "kubeconfig")
+        harness = Harness(directory, int((directory / "ready").read_text()))
+        yield harness
+    finally:
+        if old is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = old
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+@pytest.fixture
+def clean(k8s: Harness) -> Iterator[Harness]:
+    """Faults off before and after; no DaskCluster or pod left behind by the test."""
+    k8s.faults()
+    yield k8s
+    k8s.faults()
+    assert k8s.objects("daskclusters") == []
+    deadline = time.monotonic() + 30
+    while k8s.objects("pods", "v1") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert k8s.objects("pods", "v1") == [], "pods left behind"
+
+
+def write_profile(directory: Path, name: str, **fields: Any) -> Path:
+    data = {
+        "backend": "kubernetes",
+        "service_type": "LoadBalancer",
+        "workers": 2,
+        "start_timeout": "150s",
+        **fields,
+    }
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# ---------------------------------------------------------------------------- render
+
+
+def test_render_gpu_profile_is_valid_and_explicit() -> None:
+    text = backend.render(load_profile("k8s-gpu"), ClusterSecurity())
+    assert "&id" not in text and "null" not in text
+    docs = list(yaml.safe_load_all(text))
+    assert [d["kind"] for d in docs] == ["DaskCluster", "DaskWorkerGroup"]
+    worker = docs[0]["spec"]["worker"]["spec"]
+    container = worker["containers"][0]
+    assert container["args"][:3] == ["dask", "cuda", "worker"]
+    assert container["args"][container["args"].index("--resources") + 1] == "GPU=1"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"name": "NCCL_DEBUG", "value": "WARN"} in container["env"]
+    assert worker["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert worker["tolerations"][0]["key"] == "nvidia.com/gpu"
+    cpu = docs[1]["spec"]["worker"]["spec"]
+    assert cpu["containers"][0]["args"][:2] == ["dask", "worker"] and "nodeSelector" not in cpu
+    assert docs[0]["spec"]["idleTimeout"] == 3600
+    for doc in docs:
+        validate_manifest(doc)
+
+
+def test_render_tls_and_adapt(tmp_path: Path) -> None:
+    from clusterkit.security import generate_tls
+
+    profile = load_profile(
+        write_profile(tmp_path, "tlsad", protocol="tls", adapt={"minimum": 1, "maximum": 4})
+    )
+    text = backend.render(profile, generate_tls(tmp_path / "certs"))
+    docs = {d["kind"]: d for d in yaml.safe_load_all(text)}
+    assert set(docs) == {"Secret", "DaskCluster", "DaskAutoscaler"}
+    assert set(docs["Secret"]["data"]) == {"ca.pem", "cert.pem", "key.pem"}
+    scheduler = docs["DaskCluster"]["spec"]["scheduler"]["spec"]["containers"][0]
+    assert "--tls-ca-file" in scheduler["args"] and scheduler["volumeMounts"][0]["name"] == "tls"
+    assert docs["DaskAutoscaler"]["spec"] == {"cluster": "tlsad", "minimum": 1, "maximum": 4}
+
+
+def test_validate_manifest_rejects_what_the_operator_chokes_on() -> None:
+    docs = list(yaml.safe_load_all(backend.render(load_profile("k8s-gpu"), ClusterSecurity())))
+    container = docs[0]["spec"]["worker"]["spec"]["containers"][0]
+    container["resources"]["limits"]["nvidia.com/gpu"] = 1
+    with pytest.raises(ProfileError, match="is not of type 'string'"):
+        validate_manifest(docs[0])
+    container["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    container["env"] = None
+    with pytest.raises(ProfileError, match="None is not of type 'array'"):
+        validate_manifest(docs[0])
+    container["env"] = []
+    docs[0]["spec"]["worker"]["spec"]["tolerations"][0]["bogus"] = 1
+    with pytest.raises(ProfileError, match="bogus"):
+        validate_manifest(docs[0])
+
+
+# ---------------------------------------------------------------------------- lifecycle
+
+
+def test_contract_up_get_client_runners_scale_down(clean: Harness, tmp_path: Path) -> None:
+    import cloudpickle
+
+    from tests.contract import run_contract
+    from tests.test_ssh import _ddp_train, _objective
+
+    def runners(client: Any) -> None:
+        from clusterkit.runners import ddp, hpo
+
+        size = len(client.scheduler_info(n_workers=-1)["workers"])
+        assert ddp.run(_ddp_train, client=client, timeout=120) == [size] * size
+        study = hpo.run(_objective, n_trials=4, client=client, progress=False)
+        assert len(study.trials) == 4
+
+    name = f"k8s-{uuid.uuid4().hex[:6]}"
+    cloudpickle.register_pickle_by_value(sys.modules["tests.test_ssh"])
+    try:
+        record = run_contract(write_profile(tmp_path, name), scale_to=3, workloads=(runners,))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules["tests.test_ssh"])
+    assert record.extra["name"] == name and record.extra["namespace"] == "default"
+    assert record.address.startswith("tcp://127.0.0.1:")
+
+
+def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
+    record = api.up(write_profile(tmp_path, "k8s-rows", workers=1))
+    try:
+        rows = backend.describe(record)
+        assert sorted((r.kind, r.state) for r in rows) == [
+            ("pod/scheduler", "connected"),
+            ("pod/worker", "connected"),
+        ]
+    finally:
+        api.down(record.name)
+
+
+def test_pending_gpu_pods_fail_with_the_scheduler_reason(clean: Harness, tmp_path: Path) -> None:
+    path = write_profile(tmp_path, "k8s-nogpu", workers=1, worker={"gpus": 1}, start_timeout="20s")
+    with pytest.raises(ClusterStartError, match=r"Insufficient nvidia\.com/gpu") as info:
+        api.up(path)
+    assert info.value.component == "worker"
+    assert any("pending" in line for line in info.value.evidence)
+
+
+# ---------------------------------------------------------------------------- failures
+
+
+def test_missing_crd_is_one_line_with_the_install_command(clean: Harness, tmp_path: Path) -> None:
+    clean.faults(no_crds=True)
+    path = write_profile(tmp_path, "k8s-nocrd")
+    with pytest.raises(ClusterkitError, match="CRD missing") as info:
+        api.up(path)
+    assert "helm install --repo https://helm.dask.org" in info.value.one_line()
+    assert "\n" not in info.value.one_line()
+    checks = {c.name: c for c in backend.doctor(load_profile(path), ClusterSecurity())}
+    assert not checks["DaskCluster CRD installed"].ok
+    assert "helm install" in checks["DaskCluster CRD installed"].fix
+
+
+def test_rbac_forbidden_is_one_line_and_doctor_names_it(clean: Harness, tmp_path: Path) -> None:
+    clean.faults(forbidden=["daskclusters"])
+    path = write_profile(tmp_path, "k8s-rbac")
+    with pytest.raises(ClusterkitError, match="RBAC") as info:
+        api.up(path)
+    assert "forbidden" in info.value.one_line() and "\n" not in info.value.one_line()
+    checks = {c.name: c for c in backend.doctor(load_profile(path), ClusterSecurity())}
+    assert not checks["RBAC: create daskclusters"].ok
+    assert checks["RBAC: list pods"].ok
+
+
+def test_doctor_all_green_but_gpu_nodes(clean: Harness) -> None:
+    checks = {c.name: c for c in backend.doctor(load_profile("k8s-gpu"), ClusterSecurity())}
+    failed = sorted(name for name, check in checks.items() if not check.ok)
+    assert failed == ["GPU nodes allocatable"], checks
+    assert "0 nvidia.com/gpu" in checks["GPU nodes allocatable"].detail
