@@ -7,7 +7,7 @@ for reference (5, 6) a naive Dask launch that runs the rank inside the worker th
 worker's statistical profiler on and off. Startup is launch to the first training step.
 Ratios are to torchrun in the same repetition; the table shows their medians.
 
-    .venv/bin/python bench/ddp.py [--reps 3] [--epochs 4]
+    .venv/bin/python bench/ddp.py [--reps 3] [--epochs 4] [--samples 2048]
 """
 
 from __future__ import annotations
@@ -203,6 +203,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=CONFIG["epochs"])
+    parser.add_argument("--samples", type=int, default=CONFIG["samples"])
     parser.add_argument("--child", default=None)
     parser.add_argument("--config", default=None)
     args = parser.parse_args()
@@ -211,7 +212,7 @@ def main() -> None:
         return
     from distributed import Client
 
-    cfg = dict(CONFIG, epochs=args.epochs)
+    cfg = dict(CONFIG, epochs=args.epochs, samples=args.samples)
     rows: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in MODES}
     names = list(MODES)
     with _local_cluster() as cluster, Client(cluster) as client:
