@@ -12,6 +12,7 @@ slurmctld, the Kubernetes emulator) start before the baseline is taken and are n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -137,10 +138,8 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     if left:
         text = describe(left)
         for pid in left:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         pytest.fail(f"test left processes running:\n{text}", pytrace=False)
 
 

@@ -92,7 +92,8 @@ def test_up_down_twenty_times_leaves_nothing(tmp_path: Path) -> None:
 def test_start_failures_name_component_and_leave_nothing(
     tmp_path: Path, body: str, component: str, evidence: str
 ) -> None:
-    path = profile_file(tmp_path, f"backend: local\nworkers: 1\nstart_timeout: 30s\n{body}\n", "bad")
+    text = f"backend: local\nworkers: 1\nstart_timeout: 30s\n{body}\n"
+    path = profile_file(tmp_path, text, "bad")
     with pytest.raises(ClusterStartError) as info:
         api.up(path)
     assert info.value.component == component
@@ -178,10 +179,10 @@ def test_tls_accepts_certificates_and_refuses_without(tmp_path: Path) -> None:
                 assert os.stat(file).st_mode & 0o777 == 0o600
         with clusterkit.get_client("secure") as client:
             assert client.submit(sum, [1, 2]).result() == 3
-        with pytest.raises(Exception):  # no certificate: the handshake is refused
+        with pytest.raises(OSError):  # no certificate: the handshake is refused
             Client(record.address, timeout=3, set_as_default=False)
         plain = record.address.replace("tls://", "tcp://")
-        with pytest.raises(Exception):
+        with pytest.raises(OSError):
             Client(plain, timeout=3, set_as_default=False)
     finally:
         api.down("secure")

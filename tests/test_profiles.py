@@ -163,12 +163,14 @@ def test_unknown_profile_suggests(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 def test_extends_merges_three_levels_and_keeps_lines(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CK_THREADS", "3")
-    write(tmp_path, "base.yaml", "backend: local\nworkers: 3\nworker:\n  threads: 2\n  memory: 1GiB\n")
+    base = "backend: local\nworkers: 3\nworker:\n  threads: 2\n  memory: 1GiB\n"
+    write(tmp_path, "base.yaml", base)
     write(tmp_path, "mid.yaml", "extends: base\nworker:\n  threads: ${CK_THREADS}\n")
     write(tmp_path, "top.yaml", "extends: mid\ndescription: ${CK_DESC:-fallback}\nworker:\n"
                                 "  memory: 2GiB\n  flavour: 1\n")
-    assert message(Path("top.yaml")) == "top.yaml:5: worker.flavour: unknown field (known fields: " \
-        "gpus, memory, resources, threads)"
+    assert message(Path("top.yaml")) == (
+        "top.yaml:5: worker.flavour: unknown field (known fields: gpus, memory, resources, threads)"
+    )
     write(tmp_path, "top.yaml", "extends: mid\ndescription: ${CK_DESC:-fallback}\nworker:\n"
                                 "  memory: 2GiB\n")
     profile = load_profile(Path("top.yaml"))

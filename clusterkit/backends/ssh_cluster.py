@@ -153,7 +153,7 @@ class ClusterkitSSHCluster(SpecCluster):
             name = self._new_worker_name(self._i)
         return {name: self._worker_spec(next(self._next_host))}
 
-    @property
+    @property  # type: ignore[override]  # SpecCluster declares it as a plain attribute
     def _supports_scaling(self) -> bool:
         return True
 

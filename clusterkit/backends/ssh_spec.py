@@ -114,7 +114,7 @@ def bind_address(host: str) -> str | None:
     if is_ip(host):
         return host
     try:
-        return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
     except OSError:
         return None
 

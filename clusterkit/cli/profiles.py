@@ -132,8 +132,10 @@ def render(
     from clusterkit import exporters
     from clusterkit.profiles import load_profile
 
+    from clusterkit.schema import KubernetesProfile
+
     profile = load_profile(name)
-    if profile.backend_name != "kubernetes":
+    if not isinstance(profile, KubernetesProfile):
         raise BadInput(
             f"--format {format_} exports kubernetes profiles; '{profile.name}' is "
             f"{profile.backend_name}"
