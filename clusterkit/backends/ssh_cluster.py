@@ -153,8 +153,8 @@ class ClusterkitSSHCluster(SpecCluster):
             name = self._new_worker_name(self._i)
         return {name: self._worker_spec(next(self._next_host))}
 
-    @property  # type: ignore[override]  # SpecCluster declares it as a plain attribute
-    def _supports_scaling(self) -> bool:
+    @property  # SpecCluster declares it as a plain attribute
+    def _supports_scaling(self) -> bool:  # type: ignore[override]
         return True
 
     async def _close(self) -> None:

@@ -131,7 +131,6 @@ def render(
 
     from clusterkit import exporters
     from clusterkit.profiles import load_profile
-
     from clusterkit.schema import KubernetesProfile
 
     profile = load_profile(name)
