@@ -90,7 +90,10 @@ def _workers(client: Client) -> dict[str, Any]:
     Not ``client.scheduler_info()``: its cached copy is overwritten every few seconds by the
     client's periodic update, which carries no workers, so reading it can race to ``{}``.
     """
-    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    scheduler = client.scheduler
+    if scheduler is None:
+        raise ClusterkitError("the client is not connected to a scheduler")
+    return client.sync(scheduler.identity, n_workers=-1)["workers"]
 
 
 def _slots(client: Client) -> list[Slot]:

@@ -14,6 +14,7 @@ import runpy
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,8 @@ def run_file(
     loaded = load_target(target) if isinstance(target, str) else target
     args = list(argv or [])
     name = loaded.path.name
+    fn: Callable[..., Any]
+    fn_args: tuple[Any, ...]
     if loaded.function is None:
         fn, fn_args, init = run_script_main, (loaded.source, name, args), False
     else:
