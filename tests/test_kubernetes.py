@@ -41,11 +41,13 @@ class Harness:
     port: int
 
     def faults(self, **faults: Any) -> None:
-        httpx.post(f"http://127.0.0.1:{self.port}/__faults", json=faults).raise_for_status()
+        url = f"http://127.0.0.1:{self.port}/__faults"
+        httpx.post(url, json=faults, timeout=60).raise_for_status()
 
     def objects(self, plural: str, group: str = "kubernetes.dask.org/v1") -> list[dict[str, Any]]:
         base = "api/v1" if group == "v1" else f"apis/{group}"
-        reply = httpx.get(f"http://127.0.0.1:{self.port}/{base}/namespaces/default/{plural}")
+        url = f"http://127.0.0.1:{self.port}/{base}/namespaces/default/{plural}"
+        reply = httpx.get(url, timeout=60)
         return list(reply.json()["items"])
 
     def log_tail(self) -> str:
@@ -173,6 +175,7 @@ def test_validate_manifest_rejects_what_the_operator_chokes_on() -> None:
 # ---------------------------------------------------------------------------- lifecycle
 
 
+@pytest.mark.timeout(900)
 def test_contract_up_get_client_runners_scale_down(clean: Harness, tmp_path: Path) -> None:
     import cloudpickle
 
@@ -180,12 +183,14 @@ def test_contract_up_get_client_runners_scale_down(clean: Harness, tmp_path: Pat
     from tests.test_ssh import _ddp_train, _objective
 
     def runners(client: Any) -> None:
+        import optuna
+
         from clusterkit.runners import ddp, hpo
 
         size = len(client.scheduler_info(n_workers=-1)["workers"])
         assert ddp.run(_ddp_train, client=client, timeout=120) == [size] * size
         study = hpo.run(_objective, n_trials=4, client=client, progress=False)
-        assert len(study.trials) == 4
+        assert len(study.get_trials(states=[optuna.trial.TrialState.COMPLETE])) >= 4
 
     name = f"k8s-{uuid.uuid4().hex[:6]}"
     cloudpickle.register_pickle_by_value(sys.modules["tests.test_ssh"])
@@ -248,3 +253,42 @@ def test_doctor_all_green_but_gpu_nodes(clean: Harness) -> None:
     failed = sorted(name for name, check in checks.items() if not check.ok)
     assert failed == ["GPU nodes allocatable"], checks
     assert "0 nvidia.com/gpu" in checks["GPU nodes allocatable"].detail
+
+
+@pytest.mark.timeout(600)
+def test_tls_cluster_refuses_clients_without_its_certificates(
+    clean: Harness, tmp_path: Path
+) -> None:
+    from distributed import Client
+
+    from clusterkit.client import get_client
+
+    record = api.up(write_profile(tmp_path, "k8s-tls", workers=1, protocol="tls"))
+    try:
+        assert record.address.startswith("tls://127.0.0.1:")
+        assert [s["metadata"]["name"] for s in clean.objects("secrets", "v1")] == ["k8s-tls-tls"]
+        with get_client(record.name) as client:
+            assert client.submit(sum, [1, 2]).result(timeout=60) == 3
+        with pytest.raises((OSError, TypeError)):
+            Client(record.address.replace("tls://", "tcp://"), timeout=3)
+    finally:
+        api.down(record.name)
+    assert clean.objects("secrets", "v1") == []
+
+
+@pytest.mark.timeout(600)
+def test_adapt_runs_through_the_operator_autoscaler(clean: Harness, tmp_path: Path) -> None:
+    from clusterkit.client import get_client
+
+    record = api.up(
+        write_profile(tmp_path, "k8s-adapt", workers=1, adapt={"minimum": 1, "maximum": 2})
+    )
+    try:
+        [scaler] = clean.objects("daskautoscalers")
+        assert scaler["spec"] == {"cluster": "k8s-adapt", "minimum": 1, "maximum": 2}
+        with get_client(record.name) as client:
+            futures = client.map(time.sleep, [1.0] * 40, pure=False)
+            client.wait_for_workers(2, timeout=120)
+            client.gather(futures)
+    finally:
+        api.down(record.name)

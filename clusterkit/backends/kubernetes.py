@@ -427,6 +427,26 @@ def evidence(cluster: Any, profile: KubernetesProfile) -> list[str]:
     return [f"{row.name}: {row.state} {row.detail}" for row in describe(cluster, profile)]
 
 
+def list_resources(context: str | None = None) -> list[dict[str, Any]]:
+    """The DaskClusters this kubeconfig can see, in every namespace (for ``ls``)."""
+    import kr8s
+
+    api = _api(context)
+    try:
+        found = kr8s.get("daskclusters.kubernetes.dask.org", namespace=kr8s.ALL, api=api)
+        return [
+            {
+                "name": c.name,
+                "namespace": c.namespace,
+                "phase": c.raw.get("status", {}).get("phase", "?"),
+                "managed": c.labels.get("app.kubernetes.io/managed-by") == "clusterkit",
+            }
+            for c in found
+        ]
+    except Exception as error:
+        raise _api_error(error, "listing DaskClusters", "*") from error
+
+
 # ---------------------------------------------------------------------------- doctor
 
 
