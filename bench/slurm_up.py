@@ -5,8 +5,9 @@ and scripts/setup/20-slurm.sh), repetitions interleaved with the order alternate
 timed from the call to "all workers connected": the clusterkit side is `api.up` (detached
 supervisor, job submission, readiness, record), the baseline `SLURMCluster(...)` +
 `scale(n)` + `client.wait_for_workers(n)`; a third column times the backend's `create_cluster`
-in-process, to split backend and lifecycle (supervisor process) cost. Prints per-repetition
-times, medians and the ratio (target <= 1.1).
+in-process, to split backend and lifecycle (supervisor process) cost; a fourth runs the
+baseline as a script in a new interpreter, which pays Python start and `import distributed`
+as `up`'s supervisor does. Prints per-repetition times, medians and the ratios (target <= 1.1).
 
     .venv/bin/python bench/slurm_up.py [--reps 5] [--workers 2]
 """
@@ -46,6 +47,46 @@ def raw(workers: int, logs: str) -> float:
         client.wait_for_workers(workers)
         elapsed = time.perf_counter() - started
     cluster.close()
+    return elapsed
+
+
+RAW_SCRIPT = """
+import sys
+from dask_jobqueue import SLURMCluster
+from distributed import Client
+
+cluster = SLURMCluster(
+    processes=1, log_directory=sys.argv[2], python=sys.executable,
+    scheduler_options={"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"},
+    **SHAPE,
+)
+cluster.scale(int(sys.argv[1]))
+with Client(cluster) as client:
+    client.wait_for_workers(int(sys.argv[1]))
+    print("ready", flush=True)
+    sys.stdin.readline()  # the timer stopped; now close
+cluster.close()
+"""
+
+
+def raw_fresh(workers: int, logs: str) -> float:
+    """The baseline as a script in a new interpreter: it pays imports, as the supervisor does."""
+    import subprocess
+
+    script = f"SHAPE = {SHAPE!r}\n{RAW_SCRIPT}"
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(workers), logs],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    assert child.stdout.readline().strip() == "ready"
+    elapsed = time.perf_counter() - started
+    child.stdin.write("\n")
+    child.stdin.close()
+    child.wait(timeout=60)
     return elapsed
 
 
@@ -113,6 +154,7 @@ def main() -> None:
             "raw SLURMCluster": [],
             "clusterkit up": [],
             "backend only": [],
+            "raw, new process": [],
         }
         try:
             for rep in range(args.reps):
@@ -120,6 +162,7 @@ def main() -> None:
                     ("raw SLURMCluster", raw),
                     ("clusterkit up", clusterkit_up),
                     ("backend only", backend_only),
+                    ("raw, new process", raw_fresh),
                 ]
                 for label, fn in order if rep % 2 == 0 else reversed(order):
                     times[label].append(fn(args.workers, logs))
@@ -134,12 +177,14 @@ def main() -> None:
     base = statistics.median(times["raw SLURMCluster"])
     ours = statistics.median(times["clusterkit up"])
     backend = statistics.median(times["backend only"])
+    fresh = statistics.median(times["raw, new process"])
     ratios = [o / b for o, b in zip(times["clusterkit up"], times["raw SLURMCluster"], strict=True)]
     print(
         f"median raw SLURMCluster {base:.2f}s, clusterkit up {ours:.2f}s, "
         f"ratio {ours / base:.2f} (per-rep median {statistics.median(ratios):.2f}, "
         f"target <= 1.1), {args.workers} workers, {args.reps} reps; backend alone "
-        f"{backend:.2f}s (ratio {backend / base:.2f})"
+        f"{backend:.2f}s (ratio {backend / base:.2f}); raw in a new process {fresh:.2f}s "
+        f"(clusterkit up / that {ours / fresh:.2f})"
     )
 
 
