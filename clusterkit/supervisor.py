@@ -81,10 +81,17 @@ class Supervisor:
             wait_for_workers(self.cluster, self.profile_min_workers(), deadline)
         except ClusterStartError as error:
             hook = getattr(self.backend, "evidence", None)
-            error.evidence = (hook(self.cluster, self.profile) if hook else []) or log_tail(
+            evidence = (hook(self.cluster, self.profile) if hook else []) or log_tail(
                 self.directory
             )
-            raise
+            # the backend's first line (e.g. a job's pending reason) belongs in the message
+            reason = f"; {evidence[0]}" if hook and evidence else ""
+            raise ClusterStartError(
+                f"{error.message.removeprefix(error.component + ': ')}{reason}",
+                component=error.component,
+                evidence=evidence,
+                hint=error.hint,
+            ) from None
         adapt = getattr(self.profile, "adapt", None)
         if adapt is not None:
             self.cluster.adapt(minimum=adapt.minimum, maximum=adapt.maximum)
@@ -210,37 +217,27 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.stopping = stopping
         record = supervisor.start()
         supervisor.serve()
-    except ClusterkitError as error:
-        # the library's own account first, then what the processes wrote to stderr
-        evidence = [*getattr(error, "evidence", []), *log_tail(directory, 10)]
-        _report(
-            args.ready_fd,
-            {
-                "ok": False,
+    except BaseException as error:
+        if isinstance(error, ClusterkitError):
+            # the library's own account first, then what the processes wrote to stderr
+            failure = {
                 "type": type(error).__name__,
                 "message": error.message,
                 "hint": error.hint,
                 "component": getattr(error, "component", "supervisor"),
-                "evidence": evidence,
-            },
-        )
-        if supervisor is not None:
-            supervisor.close()
-        return 1
-    except BaseException as error:
-        logger.exception("start failed")
-        _report(
-            args.ready_fd,
-            {
-                "ok": False,
+                "evidence": [*getattr(error, "evidence", []), *log_tail(directory, 10)],
+            }
+        else:
+            logger.exception("start failed")
+            failure = {
                 "type": "ClusterStartError",
                 "message": f"{type(error).__name__}: {error}",
                 "component": "supervisor",
                 "evidence": log_tail(directory),
-            },
-        )
+            }
         if supervisor is not None:
-            supervisor.close()
+            supervisor.close()  # jobs, pods and processes are gone before `up` hears back
+        _report(args.ready_fd, {"ok": False, **failure})
         return 1
     _report(args.ready_fd, {"ok": True, "record": json.loads(record.to_json())})
     logger.info("cluster %s ready at %s", args.name, record.address)
