@@ -87,11 +87,9 @@ def _api_error(error: BaseException, what: str, namespace: str) -> ClusterkitErr
     import httpx
     import kr8s
 
-    status = None
-    if (isinstance(error, kr8s.ServerError) and error.response is not None) or isinstance(
-        error, httpx.HTTPStatusError
-    ):
-        status = error.response.status_code
+    response = getattr(error, "response", None)
+    is_http = isinstance(error, (kr8s.ServerError, httpx.HTTPStatusError))
+    status = response.status_code if is_http and response is not None else None
     if status == 404:
         return ClusterkitError(
             f"{what}: the DaskCluster resource type is not installed (CRD missing)",
@@ -473,24 +471,7 @@ def doctor(profile: KubernetesProfile, security: ClusterSecurity) -> list[Check]
             )
         )
         return checks
-    try:
-        kinds = {
-            r.get("name")
-            for r in api.api_resources()
-            if "kubernetes.dask.org" in str(r.get("version", ""))
-            or r.get("kind", "").startswith("Dask")
-        }
-        ok = "daskclusters" in kinds
-        checks.append(
-            Check(
-                "DaskCluster CRD installed",
-                ok,
-                "kubernetes.dask.org/v1" if ok else "no daskclusters resource",
-                "" if ok else INSTALL_OPERATOR,
-            )
-        )
-    except Exception as error:
-        checks.append(Check("DaskCluster CRD installed", False, str(error), INSTALL_OPERATOR))
+    checks.append(_crd_check(api, profile.namespace))
     review = _kind("SelfSubjectAccessReview", "authorization.k8s.io/v1", namespaced=False)
     for verb, resource, group in (
         ("create", "daskclusters", "kubernetes.dask.org"),
@@ -532,6 +513,21 @@ def doctor(profile: KubernetesProfile, security: ClusterSecurity) -> list[Check]
         )
     checks.append(_gpu_check(api, profile))
     return checks
+
+
+def _crd_check(api: Any, namespace: str) -> Check:
+    """Listing DaskClusters answers 404 when the CRD is missing (discovery may be cached)."""
+    name = "DaskCluster CRD installed"
+    try:
+        for _ in _kind("DaskCluster").list(namespace=namespace, api=api):
+            break
+    except Exception as error:
+        found = _api_error(error, "listing DaskClusters", namespace)
+        if "CRD missing" in found.message:
+            return Check(name, False, "no daskclusters resource (404)", INSTALL_OPERATOR)
+        if "forbidden" not in found.message:
+            return Check(name, False, found.message, found.hint or "")
+    return Check(name, True, GROUP_VERSION)
 
 
 def _gpu_check(api: Any, profile: KubernetesProfile) -> Check:

@@ -47,7 +47,7 @@ def _cluster_class() -> type:
             )
             from dask_kubernetes.operator.networking import get_scheduler_address
 
-            if self.shutdown_on_close is None:
+            if self.shutdown_on_close is None:  # type: ignore[has-type]
                 self.shutdown_on_close = False
             await wait_for_scheduler(self.name, self.namespace, timeout=self._resource_timeout)
             await wait_for_service(f"{self.name}-scheduler", self.namespace)

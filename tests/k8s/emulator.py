@@ -165,7 +165,26 @@ class Emulator(kmock.KubernetesEmulator):
         response = await super()._handle(request)
         if owner_uid:
             await self._collect_garbage({owner_uid})
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            await self._reap_if_orphan(resource, request.data.get("metadata", {}))
         return response
+
+    async def _reap_if_orphan(self, resource: Any, meta: dict[str, Any]) -> None:
+        """Created with owners that are all gone already (a late controller): collect it."""
+        refs = meta.get("ownerReferences") or []
+        if not refs:
+            return
+        async with self._lock:
+            live = {_dig(o.raw, "metadata.uid") for o in self.objects.values() if not o.deleted}
+            if any(ref.get("uid") in live for ref in refs):
+                return
+            key = (resource, meta.get("namespace"), meta.get("name"))
+            if key not in self.objects or self.objects[key].deleted:
+                return
+            raw = self.objects[key].raw
+            self.objects[key].delete()
+            await self._buses[resource].put({"type": "DELETED", "object": raw})
+        await self._collect_garbage({meta.get("uid")})
 
     def _default_metadata(self, request: Any) -> None:
         meta = request.data.setdefault("metadata", {})
