@@ -36,7 +36,9 @@ def required_tiers() -> set[str]:
 
 
 def _tiers_of(item: pytest.Item) -> set[str]:
-    return {m.name for m in item.iter_markers() if m.name in TIERS}
+    """The test's tiers; a `gpu` test belongs to the gpu tier alone, whatever its module says."""
+    tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+    return {"gpu"} if "gpu" in tiers else tiers
 
 
 _seen_tiers: set[str] = set()
