@@ -179,7 +179,21 @@ def test_tls_accepts_certificates_and_refuses_without(tmp_path: Path) -> None:
                 assert os.stat(file).st_mode & 0o777 == 0o600
         with clusterkit.get_client("secure") as client:
             assert client.submit(sum, [1, 2]).result() == 3
-        with pytest.raises(OSError):  # no certificate: the handshake is refused
+        # trusting the cluster's CA but presenting no certificate: the server refuses
+        import socket
+        import ssl
+
+        context = ssl.create_default_context(cafile=record.security["ca_file"])
+        context.check_hostname = False
+        host, port = record.address.removeprefix("tls://").rsplit(":", 1)
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            pytest.raises(ssl.SSLError, match=r"CERTIFICATE_REQUIRED|certificate"),
+            context.wrap_socket(raw) as tls,
+        ):
+            tls.sendall(b"\0" * 8)
+            tls.recv(1)  # TLS 1.3 delivers the server's refusal here
+        with pytest.raises(TypeError, match="ssl_context"):  # no TLS settings at all
             Client(record.address, timeout=3, set_as_default=False)
         plain = record.address.replace("tls://", "tcp://")
         with pytest.raises(OSError):
