@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.base import Capability, Check, Requirement, StatusRow
@@ -287,7 +288,23 @@ class JobQueueBackend:
             path = queue.stderr_path(job_id) or (info.stderr_path if info else None)
             for line in tail(path or self.log_guess(profile, job_id)):
                 lines.append(f"  {line}")
+        if not any(line.startswith("  ") for line in lines):
+            # jobs that died are replaced: the newest log of an earlier job says why
+            newest = self.newest_log(profile)
+            if newest:
+                lines.append(f"{newest}:")
+                lines.extend(f"  {line}" for line in tail(newest))
         return lines
+
+    def newest_log(self, profile: JobQueueProfile) -> str | None:
+        """The most recently written job stderr log in the profile's log directory."""
+        if not profile.log_directory:
+            return None
+        directory = Path(os.path.expanduser(profile.log_directory))
+        pattern = "*.err" if self.NAME == "slurm" else f"{profile.job_name}.e*"
+        found = directory.glob(pattern) if directory.is_dir() else iter(())
+        logs = [p for p in found if p.stat().st_size]
+        return str(max(logs, key=lambda p: p.stat().st_mtime)) if logs else None
 
     def log_guess(self, profile: JobQueueProfile, job_id: str) -> str | None:
         """Where dask-jobqueue's directives put a job's stderr, once the queue forgot the job."""
