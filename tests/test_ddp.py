@@ -168,14 +168,14 @@ def test_torchrun_script_runs_unchanged(client, tmp_path: Path) -> None:
 
 
 def test_failing_rank_stops_the_group(client) -> None:
-    started = time.monotonic()
+    # rank 0 would wait forever in its collective; the group must be stopped because rank 1
+    # failed (its error comes back), not because the run's timeout ran out
     with pytest.raises(ddp.TrainingFailed) as info:
         ddp.run(failing_fn, client=client, timeout=120)
-    elapsed = time.monotonic() - started
     assert info.value.rank == 1
     assert "ValueError: rank one is broken" in str(info.value)
     assert "failing_fn" in info.value.traceback and "raise ValueError" in info.value.traceback
-    assert elapsed < 60, f"group took {elapsed:.0f}s to stop"
+    assert "timed out" not in str(info.value).lower()
     # the cluster is usable right after: nothing is left running in a collective
     assert [r["sum"] for r in ddp.run(all_reduce_fn, 1.0, client=client)] == [3.0, 3.0]
 
