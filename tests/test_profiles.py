@@ -43,7 +43,7 @@ def test_bundled_profiles_validate(path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_every_backend_has_a_bundled_example() -> None:
     backends = {load_profile(p).backend_name for p in BUNDLED}
-    assert {"local", "local-cuda", "address"} <= backends
+    assert backends == set(MODELS)
 
 
 def test_local_is_always_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
