@@ -341,10 +341,20 @@ def list_clusters() -> list[dict[str, Any]]:
     return rows
 
 
+def scheduler_identity(client: Any) -> dict[str, Any]:
+    """The scheduler's own view, fetched now.
+
+    ``client.scheduler_info()`` returns a cache that the client's periodic refresh can replace
+    with a copy that lists no workers; asking the scheduler directly avoids that race.
+    """
+    identity: dict[str, Any] = client.sync(client.scheduler.identity, n_workers=-1)
+    return identity
+
+
 def _scheduler_summary(record: ClusterRecord) -> dict[str, Any]:
     try:
         with connect(record, timeout=5) as client:
-            workers = client.scheduler_info(n_workers=-1)["workers"]
+            workers = scheduler_identity(client)["workers"]
     except Exception as error:  # unreachable is a state to show, not a crash
         return {"state": f"unreachable ({type(error).__name__})"}
     gpus = sum(int(w.get("resources", {}).get("GPU", 0)) for w in workers.values())
@@ -358,7 +368,7 @@ def status(name: str) -> dict[str, Any]:
     """Workers (threads, memory, GPUs, tasks processing) and backend rows (jobs, pods)."""
     record = get_record(name)
     with connect(record) as client:
-        info = client.scheduler_info(n_workers=-1)
+        info = scheduler_identity(client)
         processing = client.processing()
     workers = []
     for address, worker in sorted(info["workers"].items()):
@@ -420,7 +430,7 @@ def scale(name: str, n: int, *, wait: bool = True, timeout: float = 120) -> None
         return
     with connect(record) as client:
         deadline = time.monotonic() + timeout
-        while len(client.scheduler_info(n_workers=-1)["workers"]) != n:
+        while len(scheduler_identity(client)["workers"]) != n:
             if time.monotonic() > deadline:
                 raise ClusterStartError(
                     f"did not reach {n} workers in {timeout:.0f}s", component="scale"

@@ -51,7 +51,7 @@ def run_contract(
             assert client.submit(lambda x: x * 2, 21).result(timeout=60) == 42
             if scale_to is not None:
                 api.scale(name, scale_to)
-                assert len(client.scheduler_info(n_workers=-1)["workers"]) == scale_to
+                assert len(api.scheduler_identity(client)["workers"]) == scale_to
             info = api.status(name)
             assert info["address"] == record.address and info["workers"]
             assert "scheduler" in api.logs(name)
