@@ -122,7 +122,8 @@ def _up_detached(
     from clusterkit.supervisor import wait_for_workers
 
     security.apply_env()
-    cluster: Any = backend.create_cluster(profile, security)
+    # a detached resource is named after the cluster (`up --name`), not the profile
+    cluster: Any = backend.create_cluster(profile, security, name=name)  # type: ignore[call-arg]
     try:
         deadline = time.monotonic() + profile.start_timeout
         wait_for_workers(cluster, int(getattr(profile, "min_workers", 0)), deadline)
@@ -351,6 +352,17 @@ def scheduler_identity(client: Any) -> dict[str, Any]:
     return identity
 
 
+def list_resources(backend_name: str) -> list[dict[str, Any]]:
+    """Clusters a backend can see beyond clusterkit's records (e.g. DaskClusters in Kubernetes)."""
+    backend = get_backend(backend_name)
+    require(backend, backend_name)
+    lister = getattr(backend, "list_resources", None)
+    if lister is None:
+        raise BadInput(f"backend '{backend_name}' has no resources to list")
+    resources: list[dict[str, Any]] = lister()
+    return resources
+
+
 def _scheduler_summary(record: ClusterRecord) -> dict[str, Any]:
     try:
         with connect(record, timeout=5) as client:
@@ -383,7 +395,11 @@ def status(name: str) -> dict[str, Any]:
                 "processing": len(processing.get(address, ())),
             }
         )
-    rows = _control(record, {"op": "describe"}).get("rows", []) if record.control else []
+    if record.control:
+        rows = _control(record, {"op": "describe"}).get("rows", [])
+    else:  # a detached cluster: the backend asks its own API
+        describe = getattr(get_backend(record.backend), "describe", None)
+        rows = [row.__dict__ for row in describe(record)] if describe else []
     return {
         "name": record.name,
         "backend": record.backend,

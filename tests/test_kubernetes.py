@@ -203,13 +203,19 @@ def test_contract_up_get_client_runners_scale_down(clean: Harness, tmp_path: Pat
 
 
 def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
-    record = api.up(write_profile(tmp_path, "k8s-rows", workers=1))
+    # `up --name` names the DaskCluster after the cluster, not the profile
+    record = api.up(write_profile(tmp_path, "k8s-rows", workers=1), name="k8s-named")
     try:
+        assert record.extra["name"] == "k8s-named"
         rows = backend.describe(record)
         assert sorted((r.kind, r.state) for r in rows) == [
             ("pod/scheduler", "connected"),
             ("pod/worker", "connected"),
         ]
+        # `clusterkit status` of a detached cluster gets the same rows from the backend
+        assert sorted(r["state"] for r in api.status(record.name)["rows"]) == ["connected"] * 2
+        # `clusterkit ls --kubernetes` sees the DaskCluster in the API
+        assert "k8s-named" in {r["name"] for r in api.list_resources("kubernetes")}
     finally:
         api.down(record.name)
 

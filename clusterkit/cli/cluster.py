@@ -51,11 +51,24 @@ def down(
         console.message("no cluster was up")
 
 
-def ls(json_: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def ls(
+    json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    kubernetes: bool = typer.Option(
+        False, "--kubernetes", help="Also list the DaskClusters the kubeconfig can see."
+    ),
+) -> None:
     """Clusters that are up (records of dead supervisors are pruned)."""
     from clusterkit import api, console
 
     rows = api.list_clusters()
+    if kubernetes:
+        resources = api.list_resources("kubernetes")
+        if json_:
+            console.print_json({"clusters": rows, "daskclusters": resources})
+            return
+        if resources:
+            columns = list(resources[0])
+            console.table("DaskClusters", columns, [[r.get(c) for c in columns] for r in resources])
     if json_:
         console.print_json(rows)
         return
