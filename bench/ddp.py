@@ -84,7 +84,7 @@ def naive_rank(rank: int, port: int, cfg: dict, profiler: bool) -> dict:
     import torch.distributed as dist
     from distributed import get_worker
 
-    from clusterkit.runners.ddp_worker import _set_profiler
+    from clusterkit.runners.ddp.worker import _set_profiler
 
     worker = get_worker()
     if not profiler:

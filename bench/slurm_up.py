@@ -115,7 +115,7 @@ def backend_only(workers: int, logs: str) -> float:
     """The slurm backend's create_cluster in this process: its cost without the supervisor."""
     from distributed import Client
 
-    from clusterkit.backends.jobqueue import SLURM
+    from clusterkit.backends.jobqueue.backend import SLURM
     from clusterkit.schema import SLURMProfile
     from clusterkit.security import ClusterSecurity
 

@@ -84,7 +84,7 @@ def backend_only(lab: dict, hosts: list[str]) -> float:
     """The ssh backend's create_cluster in this process: its cost without the supervisor."""
     from distributed import Client
 
-    from clusterkit.backends import ssh
+    from clusterkit.backends.ssh import backend as ssh
     from clusterkit.schema import SSHProfile
     from clusterkit.security import ClusterSecurity
 

@@ -119,7 +119,7 @@ def up(
 def _up_detached(
     backend: Backend, profile: ProfileCommon, name: str, security: ClusterSecurity
 ) -> ClusterRecord:
-    from clusterkit.supervisor import wait_for_workers
+    from clusterkit.lifecycle.supervisor import wait_for_workers
 
     security.apply_env()
     # a detached resource is named after the cluster (`up --name`), not the profile
@@ -167,7 +167,7 @@ def _up_supervised(
             [
                 sys.executable,
                 "-m",
-                "clusterkit.supervisor",
+                "clusterkit.lifecycle.supervisor",
                 "--name",
                 name,
                 "--ready-fd",
@@ -190,7 +190,7 @@ def _up_supervised(
     if reply is None or not reply.get("ok"):
         _kill_group(process.pid, grace=5.0)
         process.wait(timeout=10)
-        from clusterkit.supervisor import log_tail
+        from clusterkit.lifecycle.supervisor import log_tail
 
         evidence = (reply or {}).get("evidence") or log_tail(directory)
         state.remove_cluster(name)
@@ -456,7 +456,7 @@ def scale(name: str, n: int, *, wait: bool = True, timeout: float = 120) -> None
 
 def logs(name: str, *, lines: int = 200) -> dict[str, list[str]]:
     """Supervisor log tail plus the scheduler's and each worker's in-memory logs."""
-    from clusterkit.supervisor import log_tail
+    from clusterkit.lifecycle.supervisor import log_tail
 
     record = get_record(name)
     result: dict[str, list[str]] = {}

@@ -128,9 +128,9 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
     from distributed import Client
 
     from clusterkit.api import backend_for, security_hostnames
+    from clusterkit.lifecycle.supervisor import wait_for_workers
     from clusterkit.profiles import load_profile
     from clusterkit.security import prepare
-    from clusterkit.supervisor import wait_for_workers
 
     profile = load_profile(profile_ref)
     backend = backend_for(profile)

@@ -14,7 +14,8 @@ import pytest
 
 from clusterkit.errors import ClusterkitError
 from clusterkit.runners import ddp
-from clusterkit.runners.ddp_script import run_file
+from clusterkit.runners.ddp import driver as ddp_driver
+from clusterkit.runners.ddp.script import run_file
 
 pytestmark = pytest.mark.local
 
@@ -181,9 +182,9 @@ def test_failing_rank_stops_the_group(client) -> None:
 
 
 def test_killed_worker_restarts_from_checkpoint(client) -> None:
-    before = set(ddp._workers(client))
+    before = set(ddp_driver._workers(client))
     results = ddp.run(resumable_fn, 6, client=client, max_restarts=1, timeout=150)
-    after = set(ddp._workers(client))
+    after = set(ddp_driver._workers(client))
     assert before != after  # one worker was replaced by the nanny
     for result in results:
         assert result["restarts"] == 1

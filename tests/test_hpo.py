@@ -18,7 +18,7 @@ import pytest
 
 from clusterkit.errors import BadInput
 from clusterkit.runners import hpo
-from clusterkit.runners.hpo_inputs import ATTR_ATTEMPTS, ATTR_ERROR, ATTR_ORPHANED, ATTR_RETRY_OF
+from clusterkit.runners.hpo.inputs import ATTR_ATTEMPTS, ATTR_ERROR, ATTR_ORPHANED, ATTR_RETRY_OF
 
 pytestmark = pytest.mark.local
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -217,7 +217,7 @@ def test_resume_after_driver_sigkill(client: object, tmp_path: Path) -> None:
     stale = {t.number: t.params for t in before if t.state.name == "RUNNING"}
     assert stale
 
-    from clusterkit.runners.hpo_inputs import load_objective
+    from clusterkit.runners.hpo.inputs import load_objective
 
     study = hpo.run(
         load_objective(f"{script}:objective"),

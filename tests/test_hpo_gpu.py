@@ -20,7 +20,7 @@ def test_digits_search_runs_one_trial_per_gpu(tmp_path: Path) -> None:
     import clusterkit
     from clusterkit.backends.local import gpu_inventory
     from clusterkit.runners import hpo
-    from clusterkit.runners.hpo_inputs import ATTR_WORKER, load_objective
+    from clusterkit.runners.hpo.inputs import ATTR_WORKER, load_objective
 
     gpus, _ = gpu_inventory()
     profile = tmp_path / "cuda.yaml"

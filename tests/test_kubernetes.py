@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from clusterkit import api
-from clusterkit.backends import kubernetes as backend
-from clusterkit.backends.kubernetes_manifest import validate_manifest
+from clusterkit.backends.kubernetes import backend
+from clusterkit.backends.kubernetes.manifest import validate_manifest
 from clusterkit.errors import ClusterkitError, ClusterStartError, ProfileError
 from clusterkit.profiles import load_profile
 from clusterkit.security import ClusterSecurity

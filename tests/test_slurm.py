@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from clusterkit import api
-from clusterkit.backends.jobqueue import SLURM, lifetime_plan
+from clusterkit.backends.jobqueue.backend import SLURM, lifetime_plan
 from clusterkit.client import get_client
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SLURMProfile

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from clusterkit.backends import ssh
+from clusterkit.backends.ssh import backend as ssh
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SSHProfile
 from clusterkit.security import ClusterSecurity, prepare
@@ -318,7 +318,7 @@ def test_doctor_without_host_key_checks_logs_in(lab: Lab, tmp_path: Path) -> Non
 DRIVER = textwrap.dedent("""
     import json, sys
     from distributed import Client
-    from clusterkit.backends import ssh
+    from clusterkit.backends.ssh import backend as ssh
     from clusterkit.schema import SSHProfile
     from clusterkit.security import ClusterSecurity
     profile = SSHProfile.model_validate(json.loads(sys.argv[1])).named("two-hosts")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterkit.backends import ssh
+from clusterkit.backends.ssh import backend as ssh
 from tests.test_ssh import Lab, lab, no_remote_leftovers, tcp  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.gpu

@@ -88,10 +88,10 @@ class Backend(Protocol):
 BUILTIN: dict[str, str] = {
     "local": "clusterkit.backends.local:LOCAL",
     "local-cuda": "clusterkit.backends.local:LOCAL_CUDA",
-    "ssh": "clusterkit.backends.ssh:BACKEND",
-    "slurm": "clusterkit.backends.jobqueue:SLURM",
-    "pbs": "clusterkit.backends.jobqueue:PBS",
-    "kubernetes": "clusterkit.backends.kubernetes:BACKEND",
+    "ssh": "clusterkit.backends.ssh.backend:BACKEND",
+    "slurm": "clusterkit.backends.jobqueue.backend:SLURM",
+    "pbs": "clusterkit.backends.jobqueue.backend:PBS",
+    "kubernetes": "clusterkit.backends.kubernetes.backend:BACKEND",
     "address": "clusterkit.backends.address:BACKEND",
 }
 

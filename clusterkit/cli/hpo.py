@@ -31,7 +31,7 @@ def hpo(
     if timeout is not None and timeout <= 0:
         raise BadInput(f"--timeout must be positive, got {timeout:g}")
 
-    from clusterkit.runners import hpo_inputs
+    from clusterkit.runners.hpo import inputs as hpo_inputs
 
     objective = hpo_inputs.load_objective(target)
     if profile is not None:  # an unknown profile fails here, before anything starts

@@ -40,7 +40,7 @@ def train(
     from clusterkit import console
     from clusterkit.errors import BadInput
     from clusterkit.profiles import load_profile
-    from clusterkit.runners.ddp_script import load_target
+    from clusterkit.runners.ddp.script import load_target
 
     loaded = load_target(target)
     if world_size is not None and world_size < 1:
@@ -56,7 +56,7 @@ def train(
         )
 
     from clusterkit.client import get_client
-    from clusterkit.runners.ddp_script import run_file
+    from clusterkit.runners.ddp.script import run_file
 
     client = get_client(model)
     try:

@@ -1,6 +1,6 @@
 """The detached process that owns a cluster started by ``clusterkit up``.
 
-``python -m clusterkit.supervisor --name N --ready-fd FD`` reads ``N/profile.json`` and
+``python -m clusterkit.lifecycle.supervisor --name N --ready-fd FD`` reads ``N/profile.json`` and
 ``N/security.json`` from the cluster's directory, builds the cluster, waits for the minimum
 workers, writes the record, reports ``ready`` (or the error) on FD, then serves a small
 JSON control socket (scale, adapt, describe) until SIGTERM, when it closes the cluster and
@@ -27,7 +27,7 @@ from clusterkit.errors import ClusterkitError, ClusterStartError
 from clusterkit.schema import MODELS
 from clusterkit.security import ClusterSecurity
 
-logger = logging.getLogger("clusterkit.supervisor")
+logger = logging.getLogger("clusterkit.lifecycle.supervisor")
 
 LOG_NAME = "supervisor.log"
 CLOSE_TIMEOUT = 20.0
@@ -197,7 +197,7 @@ def _report(fd: int | None, payload: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clusterkit.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m clusterkit.lifecycle.supervisor")
     parser.add_argument("--name", required=True)
     parser.add_argument("--ready-fd", type=int)
     args = parser.parse_args(argv)

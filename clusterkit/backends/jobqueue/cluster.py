@@ -10,7 +10,7 @@ from typing import Any
 
 from dask_jobqueue import PBSCluster, SLURMCluster
 
-from clusterkit.backends.jobqueue_batch import QUEUES, cancel_and_wait
+from clusterkit.backends.jobqueue.batch import QUEUES, cancel_and_wait
 
 logger = logging.getLogger(__name__)
 

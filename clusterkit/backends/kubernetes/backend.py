@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.base import Capability, Check, Requirement, StatusRow
-from clusterkit.backends.kubernetes_manifest import (
+from clusterkit.backends.kubernetes.manifest import (
     GROUP_VERSION,
     cluster_name,
     manifests,
@@ -176,7 +176,7 @@ def _doc(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 def _connect(name: str, namespace: str, security: ClusterSecurity, timeout: float) -> Any:
     """KubeCluster.from_name, for TLS with the cluster's certificates."""
-    from clusterkit.backends.kubernetes_cluster import connect
+    from clusterkit.backends.kubernetes.cluster import connect
 
     return connect(name, namespace, security, timeout)
 

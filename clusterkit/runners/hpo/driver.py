@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput
-from clusterkit.runners import hpo_inputs as inputs
+from clusterkit.runners.hpo import inputs
 
 if TYPE_CHECKING:
     import optuna
@@ -130,7 +130,7 @@ class _Driver:
     def _submit(self, attempt_number: int, trial_id: int, submits: int) -> Future:
         import pickle
 
-        from clusterkit.runners.hpo_worker import run_trial
+        from clusterkit.runners.hpo.worker import run_trial
 
         sampler = self.study.sampler
         sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
@@ -422,7 +422,7 @@ def run(
     inputs.recover_orphans(study)
     display = None
     if progress:
-        from clusterkit.runners.hpo_report import ProgressDisplay
+        from clusterkit.runners.hpo.report import ProgressDisplay
 
         display = ProgressDisplay(n_trials)
     driver = _Driver(
@@ -443,11 +443,11 @@ def run(
             display.close()
     LAST_RUN_STATS.update(overhead_s=driver.overhead, trials=driver.done)
     if out is not None:
-        from clusterkit.runners.hpo_report import write_results
+        from clusterkit.runners.hpo.report import write_results
 
         write_results(study, out)
     if progress:
-        from clusterkit.runners.hpo_report import print_best
+        from clusterkit.runners.hpo.report import print_best
 
         print_best(study)
     return study

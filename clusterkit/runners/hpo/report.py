@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from clusterkit.runners import hpo_inputs as inputs
+from clusterkit.runners.hpo import inputs
 
 logger = logging.getLogger(__name__)
 

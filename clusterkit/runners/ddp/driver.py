@@ -64,7 +64,7 @@ class _GroupFailed(Exception):
 
 def prepare(client: Client) -> None:
     """Start a spare rank process (torch imported) on every worker, now and on new workers."""
-    from clusterkit.runners.ddp_worker import SparePlugin
+    from clusterkit.runners.ddp.worker import SparePlugin
 
     if client.id in _prepared:
         return
@@ -74,7 +74,7 @@ def prepare(client: Client) -> None:
 
 def wait_ready(client: Client, timeout: float = 60.0) -> None:
     """Block until every worker's spare rank process has imported torch (for benchmarks)."""
-    from clusterkit.runners.ddp_worker import spare_ready
+    from clusterkit.runners.ddp.worker import spare_ready
 
     prepare(client)
     deadline = time.monotonic() + timeout
@@ -187,7 +187,7 @@ def _specs(
 
 def _interface_env(client: Client, slots: list[Slot]) -> dict[str, dict[str, str]]:
     """GLOO/NCCL socket interface per worker: the one carrying the worker's Dask address."""
-    from clusterkit.runners.ddp_worker import interface_of
+    from clusterkit.runners.ddp.worker import interface_of
 
     workers = sorted({s.worker for s in slots})
     found = client.run(interface_of, workers=workers)
@@ -223,7 +223,7 @@ def _watch(
 
 def _first_failure(futures: list[Future], slots: list[Slot], alive: set[str]) -> _GroupFailed:
     """The cause: a lost worker, else the earliest real error (a peer's comes later)."""
-    from clusterkit.runners.ddp_worker import RankError
+    from clusterkit.runners.ddp.worker import RankError
 
     for rank, slot in enumerate(slots):
         if slot.worker not in alive:
@@ -249,7 +249,7 @@ def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) ->
     """Kill every rank process of this attempt, let the tasks settle (bounded); alive workers."""
     from distributed import wait
 
-    from clusterkit.runners.ddp_worker import abort
+    from clusterkit.runners.ddp.worker import abort
 
     alive = set(_workers(client))
     targets = sorted({s.worker for s in slots} & alive)
@@ -435,7 +435,7 @@ def _launch(
     init_group: bool,
     deadline: float | None,
 ) -> list[bytes]:
-    from clusterkit.runners.ddp_worker import rank_task
+    from clusterkit.runners.ddp.worker import rank_task
 
     chosen = _backend(backend, slots)
     interfaces = _interface_env(client, slots)

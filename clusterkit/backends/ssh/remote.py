@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from clusterkit.backends.ssh_spec import MARKER_VAR, REMOTE_ROOT, TLS_NAMES
+from clusterkit.backends.ssh.spec import MARKER_VAR, REMOTE_ROOT, TLS_NAMES
 
 T = TypeVar("T")
 

@@ -8,8 +8,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.backends import ssh_remote, ssh_spec
 from clusterkit.backends.base import Capability, Check, Requirement
+from clusterkit.backends.ssh import remote as ssh_remote
+from clusterkit.backends.ssh import spec as ssh_spec
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SSHProfile
 
@@ -57,7 +58,7 @@ def render(profile: SSHProfile, security: ClusterSecurity) -> str:
 
 def create_cluster(profile: SSHProfile, security: ClusterSecurity) -> SpecCluster:
     """Start the scheduler and workers over SSH; on failure, leave nothing behind and say where."""
-    from clusterkit.backends.ssh_cluster import ClusterkitSSHCluster, StartLog
+    from clusterkit.backends.ssh.cluster import ClusterkitSSHCluster, StartLog
 
     start_log = StartLog(deadline=time.monotonic() + profile.start_timeout)
     plan = ssh_spec.plan(profile, security, timeout=profile.start_timeout)

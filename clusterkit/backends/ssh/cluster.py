@@ -21,8 +21,8 @@ from typing import Any
 from distributed.deploy import ssh
 from distributed.deploy.spec import SpecCluster
 
-from clusterkit.backends import ssh_remote
-from clusterkit.backends.ssh_spec import Plan
+from clusterkit.backends.ssh import remote as ssh_remote
+from clusterkit.backends.ssh.spec import Plan
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.base import Capability, Check, Requirement, StatusRow
-from clusterkit.backends.jobqueue_batch import QUEUES, JobInfo, tail
+from clusterkit.backends.jobqueue.batch import QUEUES, JobInfo, tail
 from clusterkit.errors import ClusterStartError
-from clusterkit.schema import walltime_seconds
+from clusterkit.units import walltime_seconds
 
 if TYPE_CHECKING:
     from distributed.deploy.cluster import Cluster
@@ -223,7 +223,7 @@ class JobQueueBackend:
         A job script the batch system rejects raises ClusterStartError with its stderr; the
         scheduler is closed first.
         """
-        from clusterkit.backends.jobqueue_cluster import CLUSTERS
+        from clusterkit.backends.jobqueue.cluster import CLUSTERS
 
         kwargs = job_kwargs(profile, security)
         interface, protocol, sec = (kwargs.pop(k) for k in ("interface", "protocol", "security"))
@@ -251,7 +251,7 @@ class JobQueueBackend:
 
     def describe(self, cluster: Any, profile: JobQueueProfile) -> list[StatusRow]:
         """One row per job: the batch system's state and, for pending jobs, its reason."""
-        from clusterkit.backends.jobqueue_cluster import job_ids
+        from clusterkit.backends.jobqueue.cluster import job_ids
 
         ids = job_ids(cluster, current=True)  # not the jobs already replaced
         known = QUEUES[self.NAME].jobs(ids)
@@ -272,7 +272,7 @@ class JobQueueBackend:
 
     def evidence(self, cluster: Any, profile: JobQueueProfile) -> list[str]:
         """Each job's state (and pending reason), then the tail of its stderr log."""
-        from clusterkit.backends.jobqueue_cluster import job_ids
+        from clusterkit.backends.jobqueue.cluster import job_ids
 
         queue = QUEUES[self.NAME]
         ids = job_ids(cluster)

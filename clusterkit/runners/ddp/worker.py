@@ -51,7 +51,7 @@ class RankProcess:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterkit.runners.ddp_rank", str(theirs.fileno())],
+            [sys.executable, "-m", "clusterkit.runners.ddp.rank", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,

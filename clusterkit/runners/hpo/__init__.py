@@ -1,0 +1,23 @@
+"""Asynchronous Optuna search over any Dask client: ``hpo.run(objective, n_trials=...)``.
+
+Modules: ``driver`` (the loop on the caller's side), ``worker`` (what runs in a trial's task),
+``inputs`` (objective and storage references), ``report`` (tables and plots). Public names are
+loaded lazily so that workers importing ``worker`` do not import the driver.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clusterkit.runners.hpo.driver import best_summary, run
+
+__all__ = ["best_summary", "run"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from clusterkit.runners.hpo import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module 'clusterkit.runners.hpo' has no attribute {name!r}")
