@@ -112,7 +112,7 @@ def run_file(
     A script brings its own ``init_process_group("env://")``; a function is called as
     ``FUNC(ctx, *argv)`` inside a group the runner set up, like :func:`ddp.run`'s ``train_fn``.
     """
-    from clusterkit.runners.ddp import _run
+    from clusterkit.runners.ddp.driver import _run
 
     loaded = load_target(target) if isinstance(target, str) else target
     args = list(argv or [])
