@@ -115,7 +115,9 @@ def backend_only(workers: int, logs: str) -> float:
     """The slurm backend's create_cluster in this process: its cost without the supervisor."""
     from distributed import Client
 
-    from clusterkit.backends.jobqueue.backend import SLURM
+    from clusterkit.backends.jobqueue.backend import SLURMBackend
+
+    SLURM = SLURMBackend()
     from clusterkit.schema import SLURMProfile
     from clusterkit.security import ClusterSecurity
 
@@ -129,7 +131,7 @@ def backend_only(workers: int, logs: str) -> float:
         }
     ).named("bench-backend")
     started = time.perf_counter()
-    cluster = SLURM.create_cluster(profile, ClusterSecurity())  # type: ignore[arg-type]
+    cluster = SLURM.create(profile, ClusterSecurity(), name="bench")  # type: ignore[arg-type]
     with Client(cluster) as client:
         client.wait_for_workers(workers)
         elapsed = time.perf_counter() - started

@@ -101,7 +101,7 @@ def backend_only(lab: dict, hosts: list[str]) -> float:
         }
     ).named("bench-backend")
     started = time.perf_counter()
-    cluster = ssh.create_cluster(profile, ClusterSecurity())
+    cluster = ssh.SSHBackend().create(profile, ClusterSecurity(), name="bench")
     with Client(cluster) as client:
         client.wait_for_workers(len(hosts))
         assert client.submit(sum, [1, 2]).result() == 3

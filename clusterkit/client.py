@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.errors import BadInput, ClusterStartError
+from clusterkit.errors import BadInput
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -108,68 +108,61 @@ def get_client(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) 
 def connect(record: ClusterRecord, *, timeout: float = 30) -> Client:
     """A plain Client to a live record's scheduler (re-attaching DETACHED backends)."""
     from clusterkit.backends.base import get_backend
-    from clusterkit.security import ClusterSecurity
 
-    security = ClusterSecurity.from_dict(record.security)
-    security.apply_env()
-    if record.pid is None:
-        attach = getattr(get_backend(record.backend), "attach", None)
-        if attach is not None:
-            return attach(record)  # type: ignore[no-any-return]
-    from distributed import Client
-
-    return Client(
-        record.address, security=security.distributed(), timeout=timeout, set_as_default=False
-    )
+    return get_backend(record.backend).attach(record, timeout=timeout)
 
 
 def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
     """Start the profile's cluster in this process and a client that owns it."""
     from distributed import Client
 
-    from clusterkit.api import backend_for, security_hostnames
-    from clusterkit.lifecycle.supervisor import wait_for_workers
+    from clusterkit.backends.base import Capability, backend_for
+    from clusterkit.lifecycle.start import start_cluster
     from clusterkit.profiles import load_profile
     from clusterkit.security import prepare
 
     profile = load_profile(profile_ref)
     backend = backend_for(profile)
-    connect = getattr(backend, "connect", None)
-    if connect is not None:  # an address profile: nothing to start, only attach
-        return None, connect(profile, prepare(profile, None), timeout)
+    if Capability.ATTACH_ONLY in backend.CAPABILITIES:  # nothing to start, only attach
+        return None, backend.connect(profile, prepare(profile, None), timeout=timeout)
     directory = None
     if profile.protocol == "tls":
         directory = Path(tempfile.mkdtemp(prefix="clusterkit-tls-"))
-    security = prepare(profile, directory, security_hostnames(profile))
-    security.apply_env()
-    import time
-
-    deadline = time.monotonic() + profile.start_timeout
-    cluster: Any = backend.create_cluster(profile, security)
+    name = f"{profile.name}-{os.getpid()}"
     try:
-        wait_for_workers(cluster, int(getattr(profile, "min_workers", 0)), deadline)
-        adapt = getattr(profile, "adapt", None)
-        if adapt is not None:
-            cluster.adapt(minimum=adapt.minimum, maximum=adapt.maximum)
-        client = Client(cluster, security=security.distributed(), timeout=timeout)
-    except BaseException as error:
-        cluster.close()
-        if isinstance(error, ClusterStartError):
-            hook = getattr(backend, "evidence", None)
-            error.evidence = (hook(cluster, profile) if hook else []) or error.evidence
+        started = start_cluster(profile, name=name, security_dir=directory)
+    except BaseException:
+        if directory is not None:
+            _remove_tree(directory)
         raise
-    # The client owns the cluster exactly as `Client()` owns its implicit LocalCluster:
-    # distributed closes `client.cluster` on `client.close()` when the start argument was None.
+    try:
+        client = Client(started.cluster, security=started.security.distributed(), timeout=timeout)
+    except BaseException:
+        started.close()
+        raise
+    _own(client, started, directory)
+    return started.cluster, client
+
+
+def _own(client: Client, started: Any, directory: Path | None) -> None:
+    """Make ``client`` own the cluster as ``Client()`` owns its implicit LocalCluster.
+
+    distributed has no public way to hand a client its cluster: it closes ``client.cluster``
+    on ``close()`` only when the client was started without an address, which it remembers in
+    ``_start_arg``. Setting that (the one private attribute used here) gives the same
+    behaviour; the finalizer then stops what the backend started (for Kubernetes, deletes the
+    DaskCluster), also when the client is never closed and the process exits.
+    """
     client._start_arg = None
-    weakref.finalize(client, _close_quietly, cluster)
+    started.backend.own(started.cluster, started.profile)
+    weakref.finalize(client, _close_quietly, started)
     if directory is not None:
         weakref.finalize(client, _remove_tree, directory)
-    return cluster, client
 
 
-def _close_quietly(cluster: Any) -> None:
+def _close_quietly(started: Any) -> None:
     with contextlib.suppress(Exception):
-        cluster.close()
+        started.close()
 
 
 def _remove_tree(path: Path) -> None:
@@ -189,4 +182,5 @@ def cluster(
     finally:
         client.close()
         if cluster_object is not None:
-            _close_quietly(cluster_object)
+            with contextlib.suppress(Exception):
+                cluster_object.close()

@@ -123,9 +123,8 @@ def run_checks(profile: ProfileCommon) -> list[Check]:
     extras_ok = all(c.ok for c in checks if c.name.startswith("extra"))
     if profile.backend_name in {"local", "local-cuda"} and extras_ok:
         checks.append(_connection_back(profile))
-    hook = getattr(backend, "doctor", None)
-    if hook is not None and extras_ok:
+    if extras_ok:
         from clusterkit.security import ClusterSecurity
 
-        checks.extend(hook(profile, ClusterSecurity(protocol=profile.protocol)))
+        checks.extend(backend.doctor(profile, ClusterSecurity(protocol=profile.protocol)))
     return checks

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterkit.errors import ProfileError, ProfileNotFound
-from clusterkit.schema import MODELS, NAME_PATTERN, ProfileCommon
+from clusterkit.schema import NAME_PATTERN, ProfileCommon
 from clusterkit.yamlmap import Located, Path_, display, dotted, read_file
 
 #: The public name of a loaded profile: the backend's pydantic model.
@@ -270,7 +270,10 @@ def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]
 def validate(located: Located, name: str, source: str) -> ProfileCommon:
     from pydantic import ValidationError
 
+    from clusterkit.backends.base import names, profile_model
+
     data = located.data
+    known = names()
     backend = data.get("backend")
     file, line = located.lines.get(("backend",), (source, 1))
     if backend is None:
@@ -279,18 +282,18 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
             file=source,
             line=1,
             field="backend",
-            hint=f"one of: {', '.join(MODELS)}",
+            hint=f"one of: {', '.join(known)}",
         )
-    if not isinstance(backend, str) or backend not in MODELS:
-        close = difflib.get_close_matches(str(backend), list(MODELS), n=1)
+    if not isinstance(backend, str) or backend not in known:
+        close = difflib.get_close_matches(str(backend), known, n=1)
         raise ProfileError(
             f"unknown backend {backend!r}",
             file=file,
             line=line,
             field="backend",
-            hint=f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(MODELS)}",
+            hint=f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(known)}",
         )
-    model = MODELS[backend]
+    model = profile_model(backend)
     try:
         profile = model.model_validate(data)
     except ValidationError as error:

@@ -81,6 +81,16 @@ class ClusterSecurity:
         return cls(protocol="tls", ca_file=ca_file, cert_file=cert_file, key_file=key_file)
 
 
+def tls_config_env(ca_file: str, cert_file: str, key_file: str) -> dict[str, str]:
+    """Dask config variables that make every process of a cluster (and its clients) use TLS."""
+    env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
+    env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] = ca_file
+    for role in ("SCHEDULER", "WORKER", "CLIENT"):
+        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = cert_file
+        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = key_file
+    return env
+
+
 def ucx_env(profile: ProfileCommon) -> dict[str, str]:
     """UCX environment for a profile: quiet, and transports that work on this kind of host."""
     env = dict(UCX_QUIET)
@@ -117,72 +127,80 @@ def _write_private(path: Path, data: bytes) -> None:
     os.chmod(path, 0o600)
 
 
-def generate_tls(directory: Path, hostnames: Iterable[str] = ()) -> ClusterSecurity:
-    """A per-cluster CA and one certificate (server and client use) signed by it, files 0600."""
+def _subject_names(hostnames: Iterable[str]) -> list[Any]:
+    """localhost, 127.0.0.1 and every host the cluster is reached by, as SAN entries."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    now = dt.datetime.now(dt.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterkit cluster CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + CERT_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
 
     names: list[x509.GeneralName] = [x509.DNSName("localhost")]
-    seen = {"localhost"}
-    for host in ["127.0.0.1", *hostnames]:
-        if host in seen:
+    for host in dict.fromkeys(["127.0.0.1", *hostnames]):
+        if host == "localhost":
             continue
-        seen.add(host)
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
+    return names
+
+
+def _certificate(subject: Any, issuer: Any, public_key: Any, signer: Any, *extensions: Any) -> Any:
+    """A certificate valid from five minutes ago for CERT_VALIDITY, with critical extensions."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterkit")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + CERT_VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
     )
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signer, hashes.SHA256())
 
+
+def generate_tls(directory: Path, hostnames: Iterable[str] = ()) -> ClusterSecurity:
+    """A per-cluster CA and one certificate (server and client use) signed by it, files 0600."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterkit cluster CA")])
+    signing_only = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    ca_cert = _certificate(
+        ca_name,
+        ca_name,
+        ca_key.public_key(),
+        ca_key,
+        (x509.BasicConstraints(ca=True, path_length=0), True),
+        (signing_only, True),
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    cert = _certificate(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterkit")]),
+        ca_name,
+        key.public_key(),
+        ca_key,
+        (x509.SubjectAlternativeName(_subject_names(hostnames)), False),
+        (x509.ExtendedKeyUsage(usage), False),
+    )
     pem = serialization.Encoding.PEM
     ca_file, cert_file, key_file = (directory / n for n in ("ca.pem", "cert.pem", "key.pem"))
     _write_private(ca_file, ca_cert.public_bytes(pem))

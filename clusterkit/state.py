@@ -17,13 +17,18 @@ from clusterkit.errors import ClusterExists
 
 
 def state_dir() -> Path:
-    """``$CLUSTERKIT_STATE_DIR``, else ``$XDG_STATE_HOME/clusterkit``, created 0700."""
+    """``$CLUSTERKIT_STATE_DIR``, else the platform's user state directory, created 0700.
+
+    On Linux that is ``$XDG_STATE_HOME/clusterkit`` (``~/.local/state/clusterkit``); on macOS
+    ``~/Library/Application Support/clusterkit``.
+    """
     root = os.environ.get("CLUSTERKIT_STATE_DIR")
     if root:
         path = Path(root)
     else:
-        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-        path = Path(xdg) / "clusterkit"
+        from platformdirs import user_state_path
+
+        path = user_state_path("clusterkit", appauthor=False)
     clusters = path / "clusters"
     clusters.mkdir(parents=True, exist_ok=True, mode=0o700)
     for directory in (path, clusters):
@@ -109,20 +114,16 @@ def remove_cluster(name: str) -> None:
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether a supervisor process still runs (and is not a zombie)."""
+    """Whether a process runs (and is not a zombie)."""
+    import psutil
+
     if not pid:
         return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-        return state != b"Z"
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True
 
 

@@ -26,6 +26,7 @@ import yaml
 from clusterkit import api
 from clusterkit.backends.kubernetes import backend
 from clusterkit.backends.kubernetes.manifest import validate_manifest
+from clusterkit.client import get_client
 from clusterkit.errors import ClusterkitError, ClusterStartError, ProfileError
 from clusterkit.profiles import load_profile
 from clusterkit.security import ClusterSecurity
@@ -177,27 +178,10 @@ def test_validate_manifest_rejects_what_the_operator_chokes_on() -> None:
 
 @pytest.mark.timeout(900)
 def test_contract_up_get_client_runners_scale_down(clean: Harness, tmp_path: Path) -> None:
-    import cloudpickle
-
     from tests.contract import run_contract
-    from tests.test_ssh import _ddp_train, _objective
-
-    def runners(client: Any) -> None:
-        import optuna
-
-        from clusterkit.runners import ddp, hpo
-
-        size = len(client.scheduler_info(n_workers=-1)["workers"])
-        assert ddp.run(_ddp_train, client=client, timeout=120) == [size] * size
-        study = hpo.run(_objective, n_trials=4, client=client, progress=False)
-        assert len(study.get_trials(states=[optuna.trial.TrialState.COMPLETE])) >= 4
 
     name = f"k8s-{uuid.uuid4().hex[:6]}"
-    cloudpickle.register_pickle_by_value(sys.modules["tests.test_ssh"])
-    try:
-        record = run_contract(write_profile(tmp_path, name), scale_to=3, workloads=(runners,))
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules["tests.test_ssh"])
+    record = run_contract(write_profile(tmp_path, name), scale_to=3)
     assert record.extra["name"] == name and record.extra["namespace"] == "default"
     assert record.address.startswith("tcp://127.0.0.1:")
 
@@ -207,7 +191,7 @@ def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
     record = api.up(write_profile(tmp_path, "k8s-rows", workers=1), name="k8s-named")
     try:
         assert record.extra["name"] == "k8s-named"
-        rows = backend.describe(record)
+        rows = backend.KubernetesBackend().describe_record(record)
         assert sorted((r.kind, r.state) for r in rows) == [
             ("pod/scheduler", "connected"),
             ("pod/worker", "connected"),
@@ -220,12 +204,27 @@ def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
         api.down(record.name)
 
 
-def test_pending_gpu_pods_fail_with_the_scheduler_reason(clean: Harness, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path_kind", ["up", "embedded"])
+def test_pending_gpu_pods_fail_with_the_scheduler_reason(
+    clean: Harness, tmp_path: Path, path_kind: str
+) -> None:
     path = write_profile(tmp_path, "k8s-nogpu", workers=1, worker={"gpus": 1}, start_timeout="20s")
+    start = api.up if path_kind == "up" else get_client
+    # the backend's evidence reaches the message on every start path
     with pytest.raises(ClusterStartError, match=r"Insufficient nvidia\.com/gpu") as info:
-        api.up(path)
-    assert info.value.component == "worker"
+        start(path)
+    assert info.value.component == "workers"
     assert any("pending" in line for line in info.value.evidence)
+    assert clean.objects("daskclusters", "kubernetes.dask.org/v1") == []
+
+
+@pytest.mark.timeout(300)
+def test_embedded_cluster_is_deleted_when_its_client_closes(clean: Harness, tmp_path: Path) -> None:
+    from tests.contract import run_embedded_contract
+
+    path = write_profile(tmp_path, "k8s-embedded", workers=1)
+    run_embedded_contract(path, workloads=())
+    assert clean.objects("daskclusters", "kubernetes.dask.org/v1") == []
 
 
 # ---------------------------------------------------------------------------- failures
@@ -238,7 +237,7 @@ def test_missing_crd_is_one_line_with_the_install_command(clean: Harness, tmp_pa
         api.up(path)
     assert "helm install --repo https://helm.dask.org" in info.value.one_line()
     assert "\n" not in info.value.one_line()
-    checks = {c.name: c for c in backend.doctor(load_profile(path), ClusterSecurity())}
+    checks = {c.name: c for c in backend.KubernetesBackend().doctor(load_profile(path), ClusterSecurity())}
     assert not checks["DaskCluster CRD installed"].ok
     assert "helm install" in checks["DaskCluster CRD installed"].fix
 
@@ -249,13 +248,13 @@ def test_rbac_forbidden_is_one_line_and_doctor_names_it(clean: Harness, tmp_path
     with pytest.raises(ClusterkitError, match="RBAC") as info:
         api.up(path)
     assert "forbidden" in info.value.one_line() and "\n" not in info.value.one_line()
-    checks = {c.name: c for c in backend.doctor(load_profile(path), ClusterSecurity())}
+    checks = {c.name: c for c in backend.KubernetesBackend().doctor(load_profile(path), ClusterSecurity())}
     assert not checks["RBAC: create daskclusters"].ok
     assert checks["RBAC: list pods"].ok
 
 
 def test_doctor_all_green_but_gpu_nodes(clean: Harness) -> None:
-    checks = {c.name: c for c in backend.doctor(load_profile("k8s-gpu"), ClusterSecurity())}
+    checks = {c.name: c for c in backend.KubernetesBackend().doctor(load_profile("k8s-gpu"), ClusterSecurity())}
     failed = sorted(name for name, check in checks.items() if not check.ok)
     assert failed == ["GPU nodes allocatable"], checks
     assert "0 nvidia.com/gpu" in checks["GPU nodes allocatable"].detail

@@ -36,6 +36,76 @@ def test_contract_local(tmp_path: Path) -> None:
     assert oct(os.stat(state.clusters_dir()).st_mode & 0o777) == "0o700"
 
 
+def test_contract_embedded_local(tmp_path: Path) -> None:
+    from tests.contract import run_embedded_contract
+
+    run_embedded_contract(profile_file(tmp_path, """
+        backend: local
+        workers: 2
+        worker: {threads: 1, memory: 1GiB}
+        scheduler: {dashboard: false}
+    """, "embedded"))
+
+
+def test_contract_address_attaches_to_a_running_cluster(tmp_path: Path) -> None:
+    from tests.contract import run_attach_contract
+
+    record = api.up(profile_file(tmp_path, """
+        backend: local
+        workers: 2
+        worker: {threads: 1, memory: 1GiB}
+    """, "owner"))
+    try:
+        run_attach_contract(profile_file(tmp_path, f"""
+            backend: address
+            address: {record.address}
+            workers: 2
+        """, "attach"))
+        assert api.status(record.name)["workers"], "attaching must not stop the owner's cluster"
+    finally:
+        api.down(record.name)
+
+
+def test_cli_up_forks_its_supervisor_without_a_second_interpreter(tmp_path: Path) -> None:
+    import psutil
+
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "forked")
+    cli = [sys.executable, "-m", "clusterkit"]
+    done = subprocess.run([*cli, "up", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    record = state.read_record("forked")
+    assert record is not None and record.pid is not None
+    try:
+        supervisor = psutil.Process(record.pid)
+        assert "clusterkit.lifecycle.supervisor" not in " ".join(supervisor.cmdline())
+        assert os.getpgid(record.pid) == record.pid, "the supervisor leads its own group"
+        assert supervisor.ppid() != os.getpid(), "double fork: the supervisor is nobody's child"
+    finally:
+        api.down(record.name)
+
+
+def test_library_up_from_a_threaded_process_starts_a_fresh_supervisor(tmp_path: Path) -> None:
+    import threading
+
+    import psutil
+
+    from clusterkit.lifecycle import spawn
+
+    gate = threading.Event()
+    waiter = threading.Thread(target=gate.wait, daemon=True)
+    waiter.start()  # forking now would copy a process with another thread: unsafe
+    try:
+        assert not spawn.can_fork()
+        record = api.up(profile_file(tmp_path, "backend: local\nworkers: 1\n", "fresh"))
+    finally:
+        gate.set()
+    try:
+        assert record.pid is not None
+        assert "clusterkit.lifecycle.supervisor" in " ".join(psutil.Process(record.pid).cmdline())
+    finally:
+        api.down(record.name)
+
+
 def test_record_and_state_are_private(tmp_path: Path) -> None:
     path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "private")
     record = api.up(path)

@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
-from clusterkit.backends.jobqueue.backend import PBS
+from clusterkit.backends.jobqueue.backend import PBSBackend
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import PBSProfile
 from clusterkit.security import ClusterSecurity
+
+PBS = PBSBackend()
 
 pytestmark = pytest.mark.pbs
 
@@ -192,7 +194,7 @@ def test_submit_status_cancel_command_lines(pbs_bin: Path, tmp_path: Path) -> No
 
     profile = model(tmp_path)
     rendered = PBS.render(profile, ClusterSecurity())
-    cluster: Any = PBS.create_cluster(profile, ClusterSecurity())
+    cluster: Any = PBS.create(profile, ClusterSecurity(), name=profile.name)
     try:
         submits = [c for c in calls(pbs_bin) if c.startswith("qsub")]
         assert len(submits) == 2
@@ -218,7 +220,7 @@ def test_rejected_submission_gives_qsub_stderr(
 ) -> None:
     monkeypatch.setenv("PBS_STUB_REJECT", "qsub: Unknown queue MSG=requested queue not found")
     with pytest.raises(ClusterStartError) as caught:
-        PBS.create_cluster(model(tmp_path, queue="nope"), ClusterSecurity())
+        PBS.create(model(tmp_path, queue="nope"), ClusterSecurity(), name="test")
     assert "Unknown queue" in caught.value.message
     assert caught.value.exit_code == 1
     assert [c for c in calls(pbs_bin) if c.startswith("qdel")] == []
@@ -226,7 +228,7 @@ def test_rejected_submission_gives_qsub_stderr(
 
 def test_evidence_names_job_state_and_stderr(pbs_bin: Path, tmp_path: Path) -> None:
     profile = model(tmp_path, workers=1)
-    cluster: Any = PBS.create_cluster(profile, ClusterSecurity())
+    cluster: Any = PBS.create(profile, ClusterSecurity(), name=profile.name)
     try:
         from distributed import Client
 

@@ -13,13 +13,16 @@ from typing import Any
 import pytest
 
 from clusterkit import api
-from clusterkit.backends.jobqueue.backend import SLURM, lifetime_plan
+from clusterkit.backends.jobqueue.backend import SLURMBackend
+from clusterkit.backends.jobqueue.jobs import lifetime_plan
 from clusterkit.client import get_client
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SLURMProfile
 from clusterkit.security import ClusterSecurity
 from tests import slurm as S
 from tests.contract import run_contract
+
+SLURM = SLURMBackend()
 
 pytestmark = pytest.mark.slurm
 
@@ -197,7 +200,7 @@ def test_render_matches_the_submitted_script(slurm: S.Slurm, tmp_path: Path) -> 
     """What `profiles render` prints is what the cluster submits, address and name aside."""
     profile = model(tmp_path, workers=0, env={"A": "b c"}, prologue=["echo hi"])
     rendered = SLURM.render(profile, ClusterSecurity())
-    cluster: Any = SLURM.create_cluster(profile, ClusterSecurity())
+    cluster: Any = SLURM.create(profile, ClusterSecurity(), name=profile.name)
     try:
         actual = cluster.job_script()
         actual = actual.replace(
@@ -246,10 +249,14 @@ def test_rejected_job_script_gives_sbatch_stderr(slurm: S.Slurm, tmp_path: Path)
     assert slurm.queue() == []
 
 
-def test_pending_at_start_timeout_gives_reason_and_cancels(slurm: S.Slurm, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path_kind", ["up", "embedded"])
+def test_pending_at_start_timeout_gives_reason_and_cancels(
+    slurm: S.Slurm, tmp_path: Path, path_kind: str
+) -> None:
     path = profile_file(tmp_path, "pending", job_extra=["--begin=now+3600"], start_timeout=6)
-    with pytest.raises(ClusterStartError) as caught:
-        api.up(path)
+    start = api.up if path_kind == "up" else get_client
+    with pytest.raises(ClusterStartError, match="BeginTime") as caught:  # reason in the message
+        start(path)
     text = "\n".join(caught.value.evidence)
     assert "PENDING" in text and "BeginTime" in text, text
     assert slurm.empty_queue(timeout=0) == [], "jobs of a failed start were not cancelled"
@@ -257,7 +264,7 @@ def test_pending_at_start_timeout_gives_reason_and_cancels(slurm: S.Slurm, tmp_p
 
 def test_pending_reason_in_status(slurm: S.Slurm, tmp_path: Path) -> None:
     profile = model(tmp_path, "held", workers=1, job_extra=["--hold"])
-    cluster: Any = SLURM.create_cluster(profile, ClusterSecurity())
+    cluster: Any = SLURM.create(profile, ClusterSecurity(), name=profile.name)
     try:
         rows = SLURM.describe(cluster, profile)
         assert [(r.state, r.extra["reason"]) for r in rows] == [("PENDING", "JobHeldUser")]

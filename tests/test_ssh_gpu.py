@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from clusterkit.backends.ssh import backend as ssh
+from clusterkit.backends.ssh.backend import SSHBackend
 from tests.test_ssh import Lab, lab, no_remote_leftovers, tcp  # noqa: F401 - fixtures
+
+SSH = SSHBackend()
 
 pytestmark = pytest.mark.gpu
 
@@ -18,7 +20,7 @@ def test_gpu_workers_over_ssh(lab: Lab) -> None:  # noqa: F811 - the imported fi
     reason = gpu_skip_reason()
     if reason:
         pytest.skip(reason)
-    cluster = ssh.create_cluster(lab.profile(worker={"gpus": 1}), tcp())
+    cluster = SSH.create(lab.profile(worker={"gpus": 1}), tcp(), name="test")
     try:
         with Client(cluster) as client:
             client.wait_for_workers(1, timeout=60)

@@ -2,36 +2,32 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clusterkit.backends.base import Capability, Check, Requirement
+from clusterkit.backends.base import Backend, Capability, Check
 from clusterkit.errors import BadInput, ClusterStartError
+from clusterkit.schema import AddressProfile
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from clusterkit.schema import AddressProfile
     from clusterkit.security import ClusterSecurity
 
 
-@dataclass(frozen=True)
-class AddressBackend:
-    NAME: str = "address"
-    CAPABILITIES: frozenset[Capability] = frozenset({Capability.TLS, Capability.UCX})
-    REQUIRES: tuple[Requirement, ...] = ()
+class AddressBackend(Backend):
+    """A scheduler someone else runs: nothing to start, ``connect`` attaches."""
+
+    NAME = "address"
+    Profile = AddressProfile
+    CAPABILITIES = frozenset({Capability.TLS, Capability.UCX, Capability.ATTACH_ONLY})
 
     def render(self, profile: AddressProfile, security: ClusterSecurity) -> str:
         tls = f" with TLS files {profile.tls.model_dump()}" if profile.tls else ""
         return f"attach to the running scheduler at {profile.address}{tls}\n"
 
-    def create_cluster(self, profile: AddressProfile, security: ClusterSecurity) -> None:
-        raise BadInput(
-            f"profile '{profile.name}' attaches to {profile.address}; there is nothing to start",
-            hint=f"use get_client('{profile.name}') or `clusterkit status` on the owner's side",
-        )
-
-    def connect(self, profile: AddressProfile, security: ClusterSecurity, timeout: float) -> Client:
+    def connect(
+        self, profile: AddressProfile, security: ClusterSecurity, *, timeout: float
+    ) -> Client:
         """A client to the profile's address, waiting for its minimum workers."""
         from distributed import Client
 
@@ -75,6 +71,3 @@ class AddressBackend:
                     fix="check the address, the network path and the TLS files",
                 )
             ]
-
-
-BACKEND = AddressBackend()

@@ -1,25 +1,30 @@
-"""The Backend protocol, its capabilities, and a lazy registry (built-ins + entry points).
+"""The Backend base class (every hook declared once, with its default) and the registry.
 
-A backend is a module (or any object) exporting the names below. Importing a backend module
-must not import its wrapped library: that happens inside ``create_cluster`` so that
-``clusterkit profiles ...`` stays fast and works without the extra installed.
+A backend subclasses :class:`Backend`, names its pydantic profile model in ``Profile`` and
+overrides the hooks that differ. Importing a backend module must not import its wrapped
+library: that happens inside ``create`` so ``clusterkit profiles ...`` stays fast and works
+without the extra installed. Third-party backends register a ``Backend`` subclass (or
+instance) under the ``clusterkit.backends`` entry-point group; their ``Profile`` model then
+validates their profiles.
 """
 
 from __future__ import annotations
 
 import enum
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from clusterkit.errors import BackendUnavailable, CapabilityMissing
+from clusterkit.errors import BackendUnavailable, BadInput, CapabilityMissing
 
 if TYPE_CHECKING:
+    from distributed import Client
     from distributed.deploy.cluster import Cluster
 
     from clusterkit.schema import ProfileCommon
     from clusterkit.security import ClusterSecurity
+    from clusterkit.state import ClusterRecord
 
 
 class Capability(enum.Enum):
@@ -29,6 +34,7 @@ class Capability(enum.Enum):
     SCALE = "scale"
     ADAPT = "adapt"
     DETACHED = "detached"  # the cluster lives outside our process (Kubernetes)
+    ATTACH_ONLY = "attach-only"  # nothing to start: `connect` attaches (address)
 
 
 @dataclass(frozen=True)
@@ -61,38 +67,101 @@ class StatusRow:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """What a backend module exports."""
+class Backend:
+    """What every backend is. Hooks not overridden keep the defaults below."""
 
-    NAME: str
-    CAPABILITIES: frozenset[Capability]
-    REQUIRES: Sequence[Requirement]
+    NAME: ClassVar[str]
+    Profile: ClassVar[type[ProfileCommon]]
+    CAPABILITIES: ClassVar[frozenset[Capability]] = frozenset()
+    REQUIRES: ClassVar[tuple[Requirement, ...]] = ()
 
-    def render(self, profile: ProfileCommon, security: ClusterSecurity) -> str:
+    # ------------------------------------------------------------ starting a cluster
+
+    def render(self, profile: Any, security: ClusterSecurity) -> str:
         """Pure: what would run (job script, commands per host, manifest)."""
-        ...
+        raise NotImplementedError
 
-    def create_cluster(self, profile: ProfileCommon, security: ClusterSecurity) -> Cluster:
-        """Start the cluster (imports its library lazily) and return the distributed object."""
-        ...
+    def create(self, profile: Any, security: ClusterSecurity, *, name: str) -> Cluster:
+        """Start the cluster (importing its library here) and return the distributed object.
+
+        ``name`` is the cluster's name (``up --name``); every resource carries it.
+        """
+        raise BadInput(f"backend '{self.NAME}' starts no clusters")
+
+    def connect(self, profile: Any, security: ClusterSecurity, *, timeout: float) -> Client:
+        """ATTACH_ONLY backends: a client to a cluster that someone else runs."""
+        raise BadInput(f"backend '{self.NAME}' has nothing to attach to")
+
+    def evidence(self, cluster: Any, profile: Any) -> list[str]:
+        """Why a started cluster is not running; the first line is the reason."""
+        return []
+
+    def destroy(self, cluster: Any, profile: Any) -> None:
+        """Stop everything the cluster started (a failed start, an embedded cluster's end)."""
+        cluster.close()
+
+    def own(self, cluster: Any, profile: Any) -> None:
+        """Make closing the cluster object stop all it started (an embedded cluster's owner).
+
+        Clusters that run inside the owner's processes already do; DETACHED ones override.
+        """
+
+    def release(self, cluster: Any, profile: Any) -> None:
+        """Let go of a DETACHED cluster's handle; the cluster keeps running."""
+        cluster.close()
+
+    def record_extra(self, cluster: Any, profile: Any) -> dict[str, Any]:
+        """What the record must keep to find the cluster again (names, namespaces)."""
+        return {}
+
+    def describe(self, cluster: Any, profile: Any) -> list[StatusRow]:
+        """Status rows (jobs, pods) of a cluster this process owns."""
+        return []
+
+    def doctor(self, profile: Any, security: ClusterSecurity) -> list[Check]:
+        """Checks of what this backend needs, for ``clusterkit doctor``."""
+        return []
+
+    # ------------------------------------------------------------ DETACHED clusters, by record
+
+    def attach(self, record: ClusterRecord, *, timeout: float) -> Client:
+        """A client to a live record's scheduler."""
+        from distributed import Client
+
+        from clusterkit.security import ClusterSecurity
+
+        security = ClusterSecurity.from_dict(record.security)
+        security.apply_env()
+        return Client(
+            record.address, security=security.distributed(), timeout=timeout, set_as_default=False
+        )
+
+    def teardown(self, record: ClusterRecord) -> None:
+        """``down`` of a DETACHED cluster: delete it by its identity, no supervisor needed."""
+
+    def scale_record(self, record: ClusterRecord, n: int) -> None:
+        """``scale`` of a DETACHED cluster."""
+        raise BadInput(f"backend '{self.NAME}' cannot scale")
+
+    def describe_record(self, record: ClusterRecord) -> list[StatusRow]:
+        """Status rows of a DETACHED cluster, asked of its own API."""
+        return []
+
+    def list_resources(self) -> list[dict[str, Any]]:
+        """Clusters this backend can see beyond clusterkit's records (``ls --kubernetes``)."""
+        raise BadInput(f"backend '{self.NAME}' has no resources to list")
 
 
-# Optional hooks a backend module may also define (looked up with getattr):
-#   doctor(profile, security) -> list[Check]
-#   describe(cluster, profile) -> list[StatusRow]      status rows (jobs, pods)
-#   evidence(cluster, profile) -> list[str]            last log lines when start fails
-#   attach(record) -> Client                           re-attach a DETACHED cluster
-#   teardown(record) -> None                           `down` of a DETACHED cluster
+# ---------------------------------------------------------------------------- registry
 
 BUILTIN: dict[str, str] = {
-    "local": "clusterkit.backends.local:LOCAL",
-    "local-cuda": "clusterkit.backends.local:LOCAL_CUDA",
-    "ssh": "clusterkit.backends.ssh.backend:BACKEND",
-    "slurm": "clusterkit.backends.jobqueue.backend:SLURM",
-    "pbs": "clusterkit.backends.jobqueue.backend:PBS",
-    "kubernetes": "clusterkit.backends.kubernetes.backend:BACKEND",
-    "address": "clusterkit.backends.address:BACKEND",
+    "local": "clusterkit.backends.local:LocalBackend",
+    "local-cuda": "clusterkit.backends.local:LocalCUDABackend",
+    "ssh": "clusterkit.backends.ssh.backend:SSHBackend",
+    "slurm": "clusterkit.backends.jobqueue.backend:SLURMBackend",
+    "pbs": "clusterkit.backends.jobqueue.backend:PBSBackend",
+    "kubernetes": "clusterkit.backends.kubernetes.backend:KubernetesBackend",
+    "address": "clusterkit.backends.address:AddressBackend",
 }
 
 ENTRY_POINT_GROUP = "clusterkit.backends"
@@ -100,10 +169,11 @@ ENTRY_POINT_GROUP = "clusterkit.backends"
 _loaded: dict[str, Backend] = {}
 
 
-def _load_ref(ref: str) -> Backend:
-    module_name, _, attr = ref.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attr) if attr else module  # type: ignore[return-value]
+def _instance(found: Any) -> Backend:
+    backend = found() if isinstance(found, type) else found
+    if not isinstance(backend, Backend):
+        raise CapabilityMissing(f"{found!r} is not a clusterkit Backend")
+    return backend
 
 
 def _entry_points() -> dict[str, Callable[[], Any]]:
@@ -117,19 +187,26 @@ def get_backend(name: str) -> Backend:
     if name in _loaded:
         return _loaded[name]
     if name in BUILTIN:
-        backend = _load_ref(BUILTIN[name])
+        module_name, _, attr = BUILTIN[name].partition(":")
+        backend = _instance(getattr(importlib.import_module(module_name), attr))
     else:
         third_party = _entry_points()
         if name not in third_party:
             known = ", ".join(sorted({*BUILTIN, *third_party}))
             raise CapabilityMissing(f"no backend named '{name}'", hint=f"known: {known}")
-        backend = third_party[name]()
+        backend = _instance(third_party[name]())
     _loaded[name] = backend
     return backend
 
 
+def profile_model(name: str) -> type[ProfileCommon]:
+    """The pydantic model that validates profiles of backend ``name``."""
+    return get_backend(name).Profile
+
+
 def names() -> list[str]:
-    return sorted({*BUILTIN, *_entry_points()})
+    """Built-in backends in their usual order, then third-party ones."""
+    return [*BUILTIN, *sorted(set(_entry_points()) - set(BUILTIN))]
 
 
 def require(backend: Backend, profile_name: str) -> None:
@@ -152,13 +229,20 @@ def check_capabilities(backend: Backend, profile: ProfileCommon) -> None:
         wanted.append((Capability.UCX, "protocol: ucx"))
     if profile.protocol == "tls":
         wanted.append((Capability.TLS, "protocol: tls"))
-    if getattr(profile, "adapt", None) is not None:
+    if profile.adapt_spec is not None:
         wanted.append((Capability.ADAPT, "adapt"))
-    worker = getattr(profile, "worker", None)
-    if worker is not None and worker.gpus:
+    if profile.gpus_per_worker:
         wanted.append((Capability.GPU, "worker.gpus"))
     for capability, field_name in wanted:
         if capability not in backend.CAPABILITIES:
             raise CapabilityMissing(
                 f"profile '{profile.name}': backend '{backend.NAME}' does not support {field_name}"
             )
+
+
+def backend_for(profile: ProfileCommon) -> Backend:
+    """The profile's backend, with its library present and its capabilities checked."""
+    backend = get_backend(profile.backend_name)
+    require(backend, profile.name)
+    check_capabilities(backend, profile)
+    return backend

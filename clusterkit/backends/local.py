@@ -4,31 +4,28 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.backends.base import Capability, Check, Requirement
+from clusterkit.backends.base import Backend, Capability, Check, Requirement
+from clusterkit.backends.options import LOOPBACK, dashboard_address, ucx_flags
 from clusterkit.errors import BackendUnavailable, ClusterStartError
+from clusterkit.schema import LocalCUDAProfile, LocalProfile
 
 if TYPE_CHECKING:
     from distributed.deploy.cluster import Cluster
 
-    from clusterkit.schema import ClusterProfile, LocalCUDAProfile, LocalProfile
+    from clusterkit.schema import ClusterProfile
     from clusterkit.security import ClusterSecurity
 
 logger = logging.getLogger(__name__)
-
-LOOPBACK = "127.0.0.1"
 
 
 def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[str, Any]:
     """LocalCluster keyword arguments shared by the CPU and CUDA flavours."""
     scheduler = profile.scheduler
     host = None if scheduler.interface else (scheduler.host or LOOPBACK)
-    dashboard = None
-    if scheduler.dashboard:
-        dashboard = f"{host or ''}:{scheduler.dashboard_port}"
+    dashboard = dashboard_address(host, scheduler.dashboard_port) if scheduler.dashboard else None
     kwargs: dict[str, Any] = {
         "n_workers": profile.workers,
         "threads_per_worker": profile.worker.threads,
@@ -102,15 +99,12 @@ def _describe_kwargs(kwargs: dict[str, Any]) -> str:
     return json.dumps(shown, indent=2, default=str)
 
 
-@dataclass(frozen=True)
-class LocalBackend:
+class LocalBackend(Backend):
     """Worker processes on this machine."""
 
-    NAME: str = "local"
-    CAPABILITIES: frozenset[Capability] = frozenset(
-        {Capability.UCX, Capability.TLS, Capability.SCALE, Capability.ADAPT}
-    )
-    REQUIRES: tuple[Requirement, ...] = ()
+    NAME = "local"
+    Profile = LocalProfile
+    CAPABILITIES = frozenset({Capability.UCX, Capability.TLS, Capability.SCALE, Capability.ADAPT})
 
     def cluster_kwargs(self, profile: LocalProfile, security: ClusterSecurity) -> dict[str, Any]:
         kwargs = common_kwargs(profile, security)
@@ -121,15 +115,12 @@ class LocalBackend:
         kwargs = self.cluster_kwargs(profile, security)
         return f"distributed.LocalCluster(**{_describe_kwargs(kwargs)})\n"
 
-    def create_cluster(self, profile: LocalProfile, security: ClusterSecurity) -> Cluster:
+    def create(self, profile: LocalProfile, security: ClusterSecurity, *, name: str) -> Cluster:
         from distributed import LocalCluster
 
         _require_ucx(profile)
         _check_memory(profile)
         return _started(LocalCluster, "local workers", **self.cluster_kwargs(profile, security))
-
-    def doctor(self, profile: LocalProfile, security: ClusterSecurity) -> list[Check]:
-        return []
 
 
 def gpu_inventory() -> tuple[list[dict[str, Any]], str | None]:
@@ -154,15 +145,15 @@ def gpu_inventory() -> tuple[list[dict[str, Any]], str | None]:
         pynvml.nvmlShutdown()
 
 
-@dataclass(frozen=True)
-class LocalCUDABackend:
+class LocalCUDABackend(Backend):
     """One dask-cuda worker per GPU on this machine."""
 
-    NAME: str = "local-cuda"
-    CAPABILITIES: frozenset[Capability] = frozenset(
+    NAME = "local-cuda"
+    Profile = LocalCUDAProfile
+    CAPABILITIES = frozenset(
         {Capability.GPU, Capability.UCX, Capability.TLS, Capability.SCALE, Capability.ADAPT}
     )
-    REQUIRES: tuple[Requirement, ...] = (Requirement("dask_cuda", "dask-cuda", "cuda"),)
+    REQUIRES = (Requirement("dask_cuda", "dask-cuda", "cuda"),)
 
     def cluster_kwargs(
         self, profile: LocalCUDAProfile, security: ClusterSecurity
@@ -170,7 +161,6 @@ class LocalCUDABackend:
         kwargs = common_kwargs(profile, security)
         if profile.workers is None:
             kwargs.pop("n_workers", None)
-        ucx = profile.protocol == "ucx"
         kwargs.update(
             CUDA_VISIBLE_DEVICES=profile.devices,
             rmm_pool_size=profile.rmm_pool_size,
@@ -178,10 +168,7 @@ class LocalCUDABackend:
             rmm_async=profile.rmm_async,
             enable_cudf_spill=profile.enable_cudf_spill,
             jit_unspill=profile.jit_unspill,
-            enable_tcp_over_ucx=True if ucx else None,
-            enable_nvlink=profile.ucx.nvlink if ucx else None,
-            enable_infiniband=profile.ucx.infiniband if ucx else None,
-            enable_rdmacm=profile.ucx.rdmacm if ucx else None,
+            **ucx_flags(profile),
         )
         if profile.device_memory_limit is not None:
             kwargs["device_memory_limit"] = profile.device_memory_limit
@@ -191,7 +178,7 @@ class LocalCUDABackend:
         kwargs = self.cluster_kwargs(profile, security)
         return f"dask_cuda.LocalCUDACluster(**{_describe_kwargs(kwargs)})\n"
 
-    def create_cluster(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> Cluster:
+    def create(self, profile: LocalCUDAProfile, security: ClusterSecurity, *, name: str) -> Cluster:
         _require_ucx(profile)
         gpus, why_not = gpu_inventory()
         if not gpus:
@@ -218,7 +205,3 @@ class LocalCUDABackend:
                 fix="run on a machine with NVIDIA GPUs and drivers, or use `local`",
             )
         ]
-
-
-LOCAL = LocalBackend()
-LOCAL_CUDA = LocalCUDABackend()

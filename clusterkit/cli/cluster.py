@@ -21,8 +21,10 @@ def up(
     """Start a cluster from a profile; it runs until `clusterkit down`."""
     from clusterkit import api, console
 
-    with console.err().status(f"starting '{name or profile}'..."):
-        record = api.up(profile, name=name)
+    # the spinner (a thread) starts only once the supervisor is forked
+    record = api.up(
+        profile, name=name, waiting=console.err().status(f"starting '{name or profile}'...")
+    )
     console.message(f"[green]up[/green] {record.name}: {record.address}")
     if record.dashboard:
         console.message(f"dashboard: {record.dashboard}")

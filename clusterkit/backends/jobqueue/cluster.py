@@ -1,6 +1,6 @@
 """dask-jobqueue clusters whose close also makes sure the batch queue holds none of their jobs.
 
-Imported only inside ``create_cluster`` (it imports dask_jobqueue).
+Imported only inside the backend's ``create`` (it imports dask_jobqueue).
 """
 
 from __future__ import annotations
@@ -84,6 +84,3 @@ class ClusterkitSLURMCluster(_DrainOnClose, SLURMCluster):
 
 class ClusterkitPBSCluster(_DrainOnClose, PBSCluster):
     system = "pbs"
-
-
-CLUSTERS: dict[str, type[Any]] = {"slurm": ClusterkitSLURMCluster, "pbs": ClusterkitPBSCluster}

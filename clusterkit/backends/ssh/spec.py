@@ -12,6 +12,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clusterkit.backends import options
+from clusterkit.security import tls_config_env
+
 if TYPE_CHECKING:
     from clusterkit.schema import SSHProfile
     from clusterkit.security import ClusterSecurity
@@ -53,19 +56,7 @@ class Plan:
         env = dict(self.env)
         directory = self.remote_dirs.get(host)
         if directory is not None:
-            ca, cert, key = (f"{directory}/{name}" for name in TLS_NAMES)
-            env.update(
-                {
-                    "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-                    "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": ca,
-                    "DASK_DISTRIBUTED__COMM__TLS__SCHEDULER__CERT": cert,
-                    "DASK_DISTRIBUTED__COMM__TLS__SCHEDULER__KEY": key,
-                    "DASK_DISTRIBUTED__COMM__TLS__WORKER__CERT": cert,
-                    "DASK_DISTRIBUTED__COMM__TLS__WORKER__KEY": key,
-                    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": cert,
-                    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": key,
-                }
-            )
+            env.update(tls_config_env(*(f"{directory}/{name}" for name in TLS_NAMES)))
         return env
 
     def python_command(self, host: str) -> str:
@@ -148,18 +139,7 @@ def scheduler_options(profile: SSHProfile, security: ClusterSecurity) -> dict[st
     host = spec.host
     if host is None and spec.interface is None:
         host = bind_address(scheduler_host(profile))
-    opts: dict[str, Any] = {"protocol": security.scheme, "port": spec.port}
-    if spec.interface:
-        opts["interface"] = spec.interface
-    else:
-        opts["host"] = host
-    if spec.dashboard:
-        opts["dashboard_address"] = f"{host or ''}:{spec.dashboard_port}"
-    else:
-        opts["dashboard"] = False
-    if profile.idle_timeout:
-        opts["idle_timeout"] = profile.idle_timeout
-    return opts
+    return {"protocol": security.scheme, **options.scheduler_options(profile, host)}
 
 
 def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) -> dict[str, Any]:
@@ -181,13 +161,7 @@ def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) ->
         # one CUDAWorker per host starts one worker per visible GPU, each owning one
         opts["n_workers"] = 1
         resources["GPU"] = 1.0
-        if security.protocol == "ucx":
-            opts.update(
-                enable_tcp_over_ucx=True,
-                enable_infiniband=profile.ucx.infiniband,
-                enable_nvlink=profile.ucx.nvlink,
-                enable_rdmacm=profile.ucx.rdmacm,
-            )
+        opts.update(options.ucx_flags(profile))
     if resources:
         opts["resources"] = resources
     if profile.preload:

@@ -1,154 +1,22 @@
-"""Pydantic models of a profile: common fields and one model per backend, joined on ``backend``.
-
-Defaults live here and nowhere else. Sizes and durations parse with dask's own parsers.
-"""
+"""One pydantic model per backend, each with the fields only it has."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    model_validator,
+from pydantic import Field, model_validator
+
+from clusterkit.schema.common import (
+    MAX_WORKERS,
+    ClusterProfile,
+    Duration,
+    ProfileCommon,
+    Size,
+    Strict,
+    TLSFiles,
+    WorkerSpec,
 )
-
-from clusterkit.units import Duration, Port, Size, Walltime, walltime_seconds
-
-#: A sane ceiling on workers in one profile: more is almost surely a typo.
-MAX_WORKERS = 1024
-MAX_THREADS = 256
-MAX_GPUS_PER_WORKER = 16
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WorkerSpec(Strict):
-    """What each worker process gets."""
-
-    threads: int = Field(1, ge=1, le=MAX_THREADS, description="threads per worker")
-    memory: Size | Literal["auto"] = Field("auto", description="memory limit per worker")
-    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_WORKER, description="GPUs per worker")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="extra Dask resources the worker advertises"
-    )
-
-
-class SchedulerSpec(Strict):
-    """Where the scheduler listens and what it advertises."""
-
-    host: str | None = Field(None, description="bind address; the backend's safe default if unset")
-    interface: str | None = Field(None, description="network interface to bind (e.g. ib0)")
-    port: Port = 0
-    dashboard: bool = True
-    dashboard_port: Port = 0
-
-
-class AdaptSpec(Strict):
-    minimum: int = Field(0, ge=0, le=MAX_WORKERS)
-    maximum: int = Field(..., ge=1, le=MAX_WORKERS)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> AdaptSpec:
-        if self.minimum > self.maximum:
-            raise ValueError(f"minimum ({self.minimum}) is above maximum ({self.maximum})")
-        return self
-
-
-class UCXSpec(Strict):
-    """UCX transports. ``tls`` overrides UCX_TLS; unset picks a default that works on TCP hosts."""
-
-    tls: list[str] | None = None
-    nvlink: bool = False
-    infiniband: bool = False
-    rdmacm: bool = False
-
-
-class TLSFiles(Strict):
-    ca_file: str
-    cert_file: str
-    key_file: str
-
-
-class ProfileCommon(Strict):
-    """Fields every profile has."""
-
-    description: str = ""
-    protocol: Literal["tcp", "tls", "ucx"] = "tcp"
-    env: dict[str, str] = Field(default_factory=dict, description="environment of every worker")
-    start_timeout: Duration = Field(60.0, description="how long `up` waits for the workers")
-
-    _name: str = PrivateAttr("anonymous")
-    _source: str | None = PrivateAttr(None)
-
-    @property
-    def name(self) -> str:
-        """The profile's name (its file stem)."""
-        return self._name
-
-    @property
-    def source(self) -> str | None:
-        """The file it was loaded from, if any."""
-        return self._source
-
-    @property
-    def backend_name(self) -> str:
-        return str(getattr(self, "backend"))  # noqa: B009 - every concrete model has it
-
-    def named(self, name: str, source: str | None = None) -> ProfileCommon:
-        """Attach the name and source file (loader use)."""
-        self._name = name
-        self._source = source
-        return self
-
-    def digest(self) -> str:
-        """Stable hash of the resolved profile: records remember what they were started from."""
-        import hashlib
-
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
-
-
-class ClusterProfile(ProfileCommon):
-    """Fields of every backend that starts a cluster."""
-
-    workers: int = Field(2, ge=0, le=MAX_WORKERS, description="workers to start")
-    worker: WorkerSpec = WorkerSpec()
-    scheduler: SchedulerSpec = SchedulerSpec()
-    adapt: AdaptSpec | None = None
-    idle_timeout: Duration | None = Field(None, description="close the cluster when idle this long")
-    preload: list[str] = Field(default_factory=list, description="modules every worker preloads")
-    ucx: UCXSpec = UCXSpec()
-
-    @property
-    def min_workers(self) -> int:
-        """Workers `up` waits for before it answers."""
-        return self.adapt.minimum if self.adapt else self.workers
-
-    @property
-    def gpus_per_worker(self) -> int:
-        return self.worker.gpus
-
-    def worker_resources(self) -> dict[str, float]:
-        """Dask resources each worker advertises: GPU count plus the profile's own."""
-        resources = dict(self.worker.resources)
-        if self.gpus_per_worker:
-            resources.setdefault("GPU", float(self.gpus_per_worker))
-        return resources
-
-    @model_validator(mode="after")
-    def _adapt_within_ceiling(self) -> ClusterProfile:
-        if self.adapt and self.adapt.maximum < self.workers:
-            raise ValueError(
-                f"workers ({self.workers}) is above adapt.maximum ({self.adapt.maximum})"
-            )
-        return self
+from clusterkit.units import Port, Walltime, walltime_seconds
 
 
 class LocalProfile(ClusterProfile):
@@ -215,6 +83,14 @@ class SSHProfile(ClusterProfile):
         per_host = self.worker.gpus or self.workers_per_host  # dask-cuda: one worker per GPU
         return len(self.hosts) * per_host
 
+    @property
+    def max_workers(self) -> int:
+        return self.min_workers
+
+    def worker_shapes(self) -> list[tuple[int, int, float]]:
+        # one CUDAWorker per host starts a worker per GPU, each owning one (resource GPU=1)
+        return [(self.max_workers, self.worker.threads, 1.0 if self.worker.gpus else 0.0)]
+
     @model_validator(mode="after")
     def _gpus_per_host(self) -> SSHProfile:
         if self.worker.gpus and self.workers_per_host != 1:
@@ -252,6 +128,11 @@ class JobQueueProfile(ClusterProfile):
     python: str | None = Field(None, description="python on the compute nodes")
     death_timeout: Duration = 60.0
     job_name: str = Field("clusterkit", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+    def worker_shapes(self) -> list[tuple[int, int, float]]:
+        # each worker gets cores/processes threads, whatever worker.threads says
+        threads = max(1, self.cores // self.processes)
+        return [(self.max_workers, threads, float(self.gpus_per_worker))]
 
     @model_validator(mode="after")
     def _per_job_sizes(self) -> JobQueueProfile:
@@ -336,6 +217,10 @@ class KubernetesProfile(ClusterProfile):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     worker_groups: list[WorkerGroup] = Field(default_factory=list)
 
+    def worker_shapes(self) -> list[tuple[int, int, float]]:
+        groups = [(g.workers, g.worker.threads, float(g.worker.gpus)) for g in self.worker_groups]
+        return [*super().worker_shapes(), *groups]
+
 
 class AddressProfile(ProfileCommon):
     """Attach to a scheduler that already runs (Helm, Terraform, a colleague's)."""
@@ -348,35 +233,3 @@ class AddressProfile(ProfileCommon):
     @property
     def min_workers(self) -> int:
         return self.workers
-
-
-AnyProfile = Union[  # noqa: UP007 - pydantic discriminated unions read clearer this way
-    LocalProfile,
-    LocalCUDAProfile,
-    SSHProfile,
-    SLURMProfile,
-    PBSProfile,
-    KubernetesProfile,
-    AddressProfile,
-]
-
-MODELS: dict[str, type[ProfileCommon]] = {
-    "local": LocalProfile,
-    "local-cuda": LocalCUDAProfile,
-    "ssh": SSHProfile,
-    "slurm": SLURMProfile,
-    "pbs": PBSProfile,
-    "kubernetes": KubernetesProfile,
-    "address": AddressProfile,
-}
-
-
-def json_schema() -> dict[str, Any]:
-    """JSON Schema of a profile file, for editors."""
-    from pydantic import TypeAdapter
-
-    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[AnyProfile, Field(discriminator="backend")])
-    schema = adapter.json_schema()
-    schema["title"] = "clusterkit profile"
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    return schema

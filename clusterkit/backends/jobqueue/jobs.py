@@ -1,0 +1,137 @@
+"""Job options for dask-jobqueue: walltime-aware worker lifetime, bind addresses, worker flags."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.backends import options
+from clusterkit.backends.options import LOOPBACK
+from clusterkit.units import walltime_seconds
+
+if TYPE_CHECKING:
+    from clusterkit.schema import JobQueueProfile
+    from clusterkit.security import ClusterSecurity
+
+CPU_WORKER = "distributed.cli.dask_worker"
+GPU_WORKER = "dask_cuda.cli worker"
+#: Scheduler address shown by ``render`` (the real one exists only once the scheduler runs).
+ADDRESS_PLACEHOLDER = "<scheduler-address>"
+WORKER_NAME_PLACEHOLDER = "<worker-name>"
+
+
+# ------------------------------------------------------------------ walltime-aware lifetime
+
+
+def lifetime_plan(profile: JobQueueProfile) -> tuple[float, float]:
+    """(lifetime, stagger) in seconds: workers leave, staggered, before the walltime kills them.
+
+    By default the margin is 10% of the walltime (at least 30s, at most 10 minutes, at most
+    half the walltime); workers live ``walltime - margin`` give or take ``margin / 2``, so with
+    ``adapt`` replacement jobs are queued while the old workers still hand their data over.
+    """
+    walltime = float(walltime_seconds(profile.walltime))
+    margin = min(max(0.1 * walltime, 30.0), 600.0, walltime / 2)
+    lifetime = profile.lifetime if profile.lifetime is not None else walltime - margin
+    if profile.lifetime_stagger is not None:
+        stagger = profile.lifetime_stagger
+    else:
+        stagger = min(margin, walltime - lifetime) / 2
+    return lifetime, stagger
+
+
+def _seconds(value: float) -> str:
+    return f"{int(value)}s"
+
+
+# ------------------------------------------------------------------ keyword arguments
+
+
+def scheduler_host(profile: JobQueueProfile) -> str | None:
+    """Where the scheduler binds: its own host, else the interface, else loopback."""
+    if profile.scheduler.host:
+        return profile.scheduler.host
+    if profile.scheduler.interface or profile.interface:
+        return None
+    return LOOPBACK
+
+
+def scheduler_options(profile: JobQueueProfile) -> dict[str, Any]:
+    """``scheduler_options`` of the cluster: bind address, port, dashboard, idle timeout."""
+    return options.scheduler_options(profile, scheduler_host(profile))
+
+
+def _worker_args(profile: JobQueueProfile, security: ClusterSecurity) -> list[str]:
+    args: list[str] = []
+    if not profile.interface and scheduler_host(profile) == LOOPBACK:
+        args += ["--host", LOOPBACK]  # listen where the scheduler can reach, not on every NIC
+    resources = profile.worker_resources()
+    if resources:
+        args += ["--resources", options.resource_spec(resources)]
+    for module in profile.preload:
+        args += ["--preload", module]
+    gpus = profile.worker.gpus > 0
+    args += options.ucx_cli_flags(profile)
+    if not gpus:  # dask-cuda's worker has no lifetime flags: it reads them from the environment
+        lifetime, stagger = lifetime_plan(profile)
+        args += ["--lifetime", _seconds(lifetime), "--lifetime-stagger", _seconds(stagger)]
+        if profile.lifetime_restart:
+            args.append("--lifetime-restart")
+    return args
+
+
+def _prologue(profile: JobQueueProfile, security: ClusterSecurity) -> list[str]:
+    env = {**security.env, **profile.env}
+    if profile.worker.gpus:
+        lifetime, stagger = lifetime_plan(profile)
+        env["DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION"] = _seconds(lifetime)
+        env["DASK_DISTRIBUTED__WORKER__LIFETIME__STAGGER"] = _seconds(stagger)
+        if profile.lifetime_restart:
+            env["DASK_DISTRIBUTED__WORKER__LIFETIME__RESTART"] = "True"
+    exports = [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+    return [*profile.prologue, *exports]
+
+
+def job_kwargs(
+    profile: JobQueueProfile, security: ClusterSecurity, directives: list[str]
+) -> dict[str, Any]:
+    """Keyword arguments of dask-jobqueue's Job (and Cluster) for this profile."""
+    kwargs: dict[str, Any] = {
+        "cores": profile.cores,
+        "memory": str(profile.memory),
+        "processes": profile.processes,
+        "queue": profile.queue,
+        "account": profile.account,
+        "walltime": profile.walltime,
+        "job_name": profile.job_name,
+        "job_extra_directives": [*directives, *profile.job_extra],
+        "job_script_prologue": _prologue(profile, security),
+        "worker_command": GPU_WORKER if profile.worker.gpus else CPU_WORKER,
+        "worker_extra_args": _worker_args(profile, security),
+        "interface": profile.interface,
+        "protocol": f"{security.scheme}://",
+        "security": security.distributed(),
+        "local_directory": profile.local_directory,
+        # batch directives do not expand ~, and dask-jobqueue creates the directory here
+        "log_directory": os.path.expanduser(profile.log_directory)
+        if profile.log_directory
+        else None,
+        "python": profile.python or sys.executable,
+        "death_timeout": int(profile.death_timeout),
+    }
+    return kwargs
+
+
+class UnmadeDirectory:
+    """A log directory path for ``render``: printed as given, never created (Job makedirs it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def __fspath__(self) -> str:
+        return "/"  # exists, so dask-jobqueue's Job skips os.makedirs

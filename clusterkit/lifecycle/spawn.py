@@ -1,0 +1,219 @@
+"""Starting the detached supervisor, hearing whether it is ready, and stopping process groups.
+
+``up`` forks the supervisor once the imports it needs are paid (no second interpreter start),
+as a daemon: a double fork into its own session, so it outlives ``up`` and is nobody's zombie.
+Where forking is unsafe (threads already running, or no ``fork``), it starts
+``python -m clusterkit.lifecycle.supervisor`` instead. Process handling goes through psutil
+and signals only: nothing reads ``/proc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from clusterkit.errors import ClusterkitError, ClusterStartError
+from clusterkit.state import ClusterRecord, pid_alive
+
+if TYPE_CHECKING:
+    from clusterkit.backends.base import Backend
+    from clusterkit.schema import ProfileCommon
+
+#: Seconds `up` waits beyond the profile's start timeout for the supervisor's own start.
+SUPERVISOR_GRACE = 30.0
+
+
+def can_fork() -> bool:
+    """Forking is safe only from a process that runs no other thread yet."""
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+def preimport(backend: Backend) -> None:
+    """Pay, in ``up``, the imports the supervisor needs, so the forked child does not."""
+    import distributed  # noqa: F401
+
+    import clusterkit.lifecycle.supervisor  # noqa: F401
+
+    for requirement in backend.REQUIRES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(requirement.module)
+
+
+def supervise(
+    profile: ProfileCommon,
+    name: str,
+    directory: Path,
+    waiting: contextlib.AbstractContextManager[Any],
+) -> ClusterRecord:
+    """Start a supervisor for ``profile`` and return its record once the cluster is ready.
+
+    ``waiting`` is entered after the fork (a spinner's thread must not exist at fork time).
+    Raises ClusterStartError with the supervisor's evidence if it fails or never answers;
+    then its whole process group is gone.
+    """
+    from clusterkit.lifecycle.supervisor import save_profile
+
+    read_fd, write_fd = os.pipe()
+    try:
+        if can_fork():
+            _fork_daemon(profile, name, directory, write_fd)
+        else:
+            save_profile(directory, profile)
+            _start_fresh(name, directory, write_fd)
+    finally:
+        os.close(write_fd)
+    try:
+        with waiting:
+            pid, reply = _read_reply(read_fd, profile.start_timeout + SUPERVISOR_GRACE)
+    finally:
+        os.close(read_fd)
+    if reply is not None and reply.get("ok"):
+        return ClusterRecord(**reply["record"])
+    if pid is not None:
+        kill_group(pid, grace=5.0)
+    raise _start_failure(reply, directory, profile.start_timeout + SUPERVISOR_GRACE)
+
+
+def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: int) -> None:
+    """Double fork: the grandchild, in its own session, runs the supervisor."""
+    from clusterkit.lifecycle.supervisor import LOG_NAME, report, run
+
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)  # the intermediate child exits at once
+        return
+    code = 1
+    try:
+        if os.fork():
+            os._exit(0)
+        os.setsid()  # session and group leader: `down` ends the group by the supervisor's pid
+        _redirect_stdio(directory / LOG_NAME, keep=write_fd)
+        report(write_fd, {"pid": os.getpid()}, last=False)
+        code = run(name, profile, write_fd)
+    finally:
+        import logging
+
+        logging.shutdown()
+        os._exit(code)
+
+
+def _redirect_stdio(log: Path, keep: int) -> None:
+    """stdin from /dev/null, stdout and stderr to the log; every other inherited fd closed."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    # locks held by `up` (the per-name flock) must not live on in the supervisor
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+
+
+def _start_fresh(name: str, directory: Path, write_fd: int) -> None:
+    from clusterkit.lifecycle.supervisor import LOG_NAME
+
+    command = [sys.executable, "-m", "clusterkit.lifecycle.supervisor", "--name", name]
+    with open(directory / LOG_NAME, "ab") as log:
+        subprocess.Popen(
+            [*command, "--ready-fd", str(write_fd)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _read_reply(fd: int, timeout: float) -> tuple[int | None, dict[str, Any] | None]:
+    """(supervisor pid, its final reply); the reply is None on silence or death."""
+    deadline = time.monotonic() + timeout
+    buffer, pid = b"", None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:  # every writer is gone: the supervisor exited
+            break
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            message = json.loads(line)
+            if "ok" in message:
+                return pid, message
+            pid = int(message["pid"])
+    return pid, None
+
+
+def _start_failure(reply: dict[str, Any] | None, directory: Path, waited: float) -> Exception:
+    from clusterkit import errors
+    from clusterkit.lifecycle.supervisor import log_tail
+
+    evidence = (reply or {}).get("evidence") or log_tail(directory)
+    if reply is None:
+        return ClusterStartError(
+            f"exited or gave no answer within {waited:.0f}s",
+            component="supervisor",
+            evidence=evidence,
+        )
+    kind = getattr(errors, str(reply.get("type")), None)
+    message = str(reply.get("message"))
+    if isinstance(kind, type) and issubclass(kind, errors.BadInput):
+        error: ClusterkitError = errors.BadInput(message, hint=reply.get("hint"))
+        error.exit_code = kind.exit_code
+        return error
+    component = str(reply.get("component") or "supervisor")
+    message = message.removeprefix(f"{component}: ")
+    return ClusterStartError(
+        message, component=component, evidence=evidence, hint=reply.get("hint")
+    )
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in process group ``pgid``."""
+    for process in psutil.process_iter(["status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getpgid(process.pid) == pgid:
+                return True
+    return False
+
+
+def kill_group(pgid: int, grace: float) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after ``grace`` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def stop_supervisor(pid: int, timeout: float) -> None:
+    """SIGTERM the supervisor, wait for its graceful close, then end its process group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.05)
+    # workers the supervisor started share its process group; none may outlive it
+    kill_group(pid, grace=2.0 if pid_alive(pid) else 3.0)

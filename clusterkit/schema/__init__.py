@@ -1,0 +1,97 @@
+"""Pydantic models of a profile: common fields and one model per backend, joined on ``backend``.
+
+Defaults live here and nowhere else. Sizes and durations parse with dask's own parsers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import Field
+
+from clusterkit.schema.backends import (
+    AddressProfile,
+    JobQueueProfile,
+    K8sResources,
+    KubernetesProfile,
+    LocalCUDAProfile,
+    LocalProfile,
+    PBSProfile,
+    SLURMProfile,
+    SSHProfile,
+    WorkerGroup,
+)
+from clusterkit.schema.common import (
+    MAX_GPUS_PER_WORKER,
+    MAX_THREADS,
+    MAX_WORKERS,
+    NAME_PATTERN,
+    AdaptSpec,
+    ClusterProfile,
+    ProfileCommon,
+    SchedulerSpec,
+    Strict,
+    TLSFiles,
+    UCXSpec,
+    WorkerSpec,
+)
+
+__all__ = [
+    "MAX_GPUS_PER_WORKER",
+    "MAX_THREADS",
+    "MAX_WORKERS",
+    "MODELS",
+    "NAME_PATTERN",
+    "AdaptSpec",
+    "AddressProfile",
+    "AnyProfile",
+    "ClusterProfile",
+    "JobQueueProfile",
+    "K8sResources",
+    "KubernetesProfile",
+    "LocalCUDAProfile",
+    "LocalProfile",
+    "PBSProfile",
+    "ProfileCommon",
+    "SLURMProfile",
+    "SSHProfile",
+    "SchedulerSpec",
+    "Strict",
+    "TLSFiles",
+    "UCXSpec",
+    "WorkerGroup",
+    "WorkerSpec",
+    "json_schema",
+]
+
+
+AnyProfile = Union[  # noqa: UP007 - pydantic discriminated unions read clearer this way
+    LocalProfile,
+    LocalCUDAProfile,
+    SSHProfile,
+    SLURMProfile,
+    PBSProfile,
+    KubernetesProfile,
+    AddressProfile,
+]
+
+MODELS: dict[str, type[ProfileCommon]] = {
+    "local": LocalProfile,
+    "local-cuda": LocalCUDAProfile,
+    "ssh": SSHProfile,
+    "slurm": SLURMProfile,
+    "pbs": PBSProfile,
+    "kubernetes": KubernetesProfile,
+    "address": AddressProfile,
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of a profile file, for editors."""
+    from pydantic import TypeAdapter
+
+    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[AnyProfile, Field(discriminator="backend")])
+    schema = adapter.json_schema()
+    schema["title"] = "clusterkit profile"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
