@@ -33,6 +33,8 @@ from clusterkit.security import ClusterSecurity
 
 pytestmark = pytest.mark.kubernetes
 
+K8S = backend.KubernetesBackend()
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -191,7 +193,7 @@ def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
     record = api.up(write_profile(tmp_path, "k8s-rows", workers=1), name="k8s-named")
     try:
         assert record.extra["name"] == "k8s-named"
-        rows = backend.KubernetesBackend().describe_record(record)
+        rows = K8S.describe_record(record)
         assert sorted((r.kind, r.state) for r in rows) == [
             ("pod/scheduler", "connected"),
             ("pod/worker", "connected"),
@@ -237,7 +239,7 @@ def test_missing_crd_is_one_line_with_the_install_command(clean: Harness, tmp_pa
         api.up(path)
     assert "helm install --repo https://helm.dask.org" in info.value.one_line()
     assert "\n" not in info.value.one_line()
-    checks = {c.name: c for c in backend.KubernetesBackend().doctor(load_profile(path), ClusterSecurity())}
+    checks = {c.name: c for c in K8S.doctor(load_profile(path), ClusterSecurity())}
     assert not checks["DaskCluster CRD installed"].ok
     assert "helm install" in checks["DaskCluster CRD installed"].fix
 
@@ -248,13 +250,13 @@ def test_rbac_forbidden_is_one_line_and_doctor_names_it(clean: Harness, tmp_path
     with pytest.raises(ClusterkitError, match="RBAC") as info:
         api.up(path)
     assert "forbidden" in info.value.one_line() and "\n" not in info.value.one_line()
-    checks = {c.name: c for c in backend.KubernetesBackend().doctor(load_profile(path), ClusterSecurity())}
+    checks = {c.name: c for c in K8S.doctor(load_profile(path), ClusterSecurity())}
     assert not checks["RBAC: create daskclusters"].ok
     assert checks["RBAC: list pods"].ok
 
 
 def test_doctor_all_green_but_gpu_nodes(clean: Harness) -> None:
-    checks = {c.name: c for c in backend.KubernetesBackend().doctor(load_profile("k8s-gpu"), ClusterSecurity())}
+    checks = {c.name: c for c in K8S.doctor(load_profile("k8s-gpu"), ClusterSecurity())}
     failed = sorted(name for name, check in checks.items() if not check.ok)
     assert failed == ["GPU nodes allocatable"], checks
     assert "0 nvidia.com/gpu" in checks["GPU nodes allocatable"].detail
