@@ -9,20 +9,10 @@ import typer
 
 def _capacity(profile: Any) -> int | None:
     """Most ranks the profile's cluster can ever provide, or None when it cannot be known."""
-    workers = getattr(profile, "workers", None)
-    backend = getattr(profile, "backend", None)
-    if backend == "address":
+    if not hasattr(profile, "rank_capacity"):  # an address profile: someone else's cluster
         return None
-    if backend == "ssh":
-        workers = len(profile.hosts) * profile.workers_per_host
-    adapt = getattr(profile, "adapt", None)
-    if adapt is not None:
-        workers = max(workers or 0, adapt.maximum)
-    if not isinstance(workers, int):
-        return None
-    gpus = profile.worker.gpus
-    per_worker = min(gpus, profile.worker.threads) if gpus else 1
-    return workers * max(per_worker, 1)
+    capacity: int = profile.rank_capacity()
+    return capacity
 
 
 def train(

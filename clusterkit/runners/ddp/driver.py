@@ -99,6 +99,8 @@ def _workers(client: Client) -> dict[str, Any]:
 def _slots(client: Client) -> list[Slot]:
     from distributed.comm import get_address_host
 
+    from clusterkit.capacity import ranks_per_worker
+
     workers = _workers(client)
     slots: list[Slot] = []
     for address in sorted(workers, key=lambda a: (get_address_host(a), a)):
@@ -107,7 +109,7 @@ def _slots(client: Client) -> list[Slot]:
             continue
         nthreads = int(info.get("nthreads", 1))
         gpus = int(info.get("resources", {}).get("GPU", 0))
-        count = min(gpus, nthreads) if gpus else 1
+        count = ranks_per_worker(nthreads, gpus)
         for index in range(max(count, 1)):
             threads = max(1, nthreads // count) if gpus else nthreads
             host = get_address_host(address)
