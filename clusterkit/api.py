@@ -105,9 +105,13 @@ def _up_detached(profile: ProfileCommon, name: str) -> ClusterRecord:
 
 
 def get_record(name: str) -> ClusterRecord:
-    """The live record of ``name``, or ClusterNotFound naming the clusters that are up."""
+    """The live record of ``name``, or ClusterNotFound naming the clusters that are up.
+
+    A record file that became unreadable is rewritten from what its supervisor knows.
+    """
     check_name(name)
-    record = state.read_record(name)
+    loaded = state.load_record(name)
+    record = _recovered(loaded) if isinstance(loaded, state.Unreadable) else loaded
     if record is None or not state.is_live(record):
         if record is not None:
             state.remove_cluster(name)
@@ -116,9 +120,44 @@ def get_record(name: str) -> ClusterRecord:
     return record
 
 
+def _recovered(unreadable: state.Unreadable) -> ClusterRecord:
+    """Ask the supervisor for the record it wrote, and write it again; else say what runs."""
+    from clusterkit.errors import ClusterkitError
+    from clusterkit.lifecycle import control
+    from clusterkit.lifecycle.supervisor import SOCKET_NAME
+
+    socket = state.clusters_dir() / unreadable.name / SOCKET_NAME
+    try:
+        record = ClusterRecord(
+            **control.request(str(socket), {"op": "record"}, timeout=10)["record"]
+        )
+    except (OSError, TypeError, ClusterkitError):
+        pid = state.supervisor_pid(unreadable.name)
+        runs = f"its supervisor (pid {pid}) still runs" if pid else "no supervisor runs for it"
+        raise ClusterkitError(
+            f"the record of '{unreadable.name}' is unreadable "
+            f"({unreadable.path}: {unreadable.reason}); {runs}",
+            hint=f"`clusterkit down {unreadable.name}` stops it and removes the record",
+        ) from None
+    state.write_record(record)
+    return record
+
+
 def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
-    """Close gracefully, kill the process group after ``timeout``, drop the record."""
-    record = get_record(name)
+    """Close gracefully, kill the process group after ``timeout``, drop the record.
+
+    A cluster whose record is unreadable (and whose supervisor cannot answer) is still
+    stopped, through the supervisor's pid file.
+    """
+    from clusterkit.errors import ClusterkitError
+
+    try:
+        record = get_record(name)
+    except ClusterkitError:
+        if not isinstance(state.load_record(name), state.Unreadable):
+            raise
+        _down_by_pid_file(name, timeout)
+        return
     with state.lock(name):
         if record.pid is None:
             get_backend(record.backend).teardown(record)
@@ -129,8 +168,18 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
         state.remove_cluster(name)
 
 
+def _down_by_pid_file(name: str, timeout: float) -> None:
+    from clusterkit.lifecycle.spawn import stop_supervisor
+
+    with state.lock(name):
+        pid = state.supervisor_pid(name)
+        if pid is not None:
+            stop_supervisor(pid, timeout)
+        state.remove_cluster(name)
+
+
 def down_all(*, timeout: float = DOWN_TIMEOUT) -> list[str]:
-    names = [r.name for r in state.records()]
+    names = [r.name for r in state.records()] + [u.name for u in state.unreadable_records()]
     for name in names:
         down(name, timeout=timeout)
     return names
@@ -161,6 +210,19 @@ def list_clusters() -> list[dict[str, Any]]:
                 "age": record.age,
                 "state": info.get("state", "up"),
                 "dashboard": record.dashboard,
+            }
+        )
+    for unreadable in state.unreadable_records():  # never hidden: `down NAME` still stops it
+        rows.append(
+            {
+                "name": unreadable.name,
+                "backend": None,
+                "address": str(unreadable.path),
+                "workers": None,
+                "gpus": None,
+                "age": time.time() - unreadable.path.stat().st_mtime,
+                "state": f"unreadable: {unreadable.reason}",
+                "dashboard": None,
             }
         )
     return rows

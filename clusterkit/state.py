@@ -48,6 +48,9 @@ def cluster_dir(name: str) -> Path:
     return path
 
 
+PID_FILE = "supervisor.pid"
+
+
 def record_path(name: str) -> Path:
     return clusters_dir() / f"{name}.json"
 
@@ -97,13 +100,52 @@ def write_record(record: ClusterRecord) -> Path:
     return path
 
 
-def read_record(name: str) -> ClusterRecord | None:
+@dataclass
+class Unreadable:
+    """A record file that exists but cannot be parsed (a torn write, an edit by hand)."""
+
+    name: str
+    path: Path
+    reason: str
+
+
+def load_record(name: str) -> ClusterRecord | Unreadable | None:
+    """The record of ``name``; ``Unreadable`` (never hidden) if its file cannot be parsed."""
+    path = record_path(name)
     try:
-        return ClusterRecord.from_json(record_path(name).read_text())
+        return ClusterRecord.from_json(path.read_text())
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError):
-        return None  # a torn or foreign file: treated as no record
+    except (ValueError, TypeError, OSError) as error:
+        return Unreadable(name, path, f"{type(error).__name__}: {error}"[:200])
+
+
+def read_record(name: str) -> ClusterRecord | None:
+    """The record of ``name`` if it exists and parses."""
+    loaded = load_record(name)
+    return loaded if isinstance(loaded, ClusterRecord) else None
+
+
+def unreadable_records() -> list[Unreadable]:
+    found = (load_record(path.stem) for path in sorted(clusters_dir().glob("*.json")))
+    return [entry for entry in found if isinstance(entry, Unreadable)]
+
+
+def write_pid_file(name: str, pid: int) -> None:
+    """The supervisor's pid beside its record, so a cluster is found even without the record."""
+    path = cluster_dir(name) / PID_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(str(pid))
+
+
+def supervisor_pid(name: str) -> int | None:
+    """The pid in the cluster's pid file, if that process still runs."""
+    try:
+        pid = int((clusters_dir() / name / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
 
 
 def remove_cluster(name: str) -> None:

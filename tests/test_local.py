@@ -319,3 +319,43 @@ def test_doctor_passes_on_local() -> None:
     checks = {c.name: c for c in run_checks(load_profile("local"))}
     assert all(c.ok for c in checks.values()), checks
     assert "task ran via tcp://127.0.0.1:" in checks["worker -> scheduler connection"].detail
+
+
+def _corrupt(name: str) -> None:
+    state.record_path(name).write_text('{"garbage": tru')
+
+
+def test_unreadable_record_never_hides_a_running_cluster(tmp_path: Path) -> None:
+    import psutil
+
+    record = api.up(profile_file(tmp_path, "backend: local\nworkers: 1\n", "torn"))
+    supervisor = psutil.Process(record.pid)
+    try:
+        _corrupt("torn")
+        listed = {row["name"]: row for row in api.list_clusters()}
+        assert listed["torn"]["state"].startswith("unreadable: JSONDecodeError")
+        assert listed["torn"]["address"] == str(state.record_path("torn"))
+        # status asks the supervisor for its record and writes it again
+        assert api.status("torn")["address"] == record.address
+        assert state.read_record("torn") == record
+        # with neither record nor control socket, down still finds it by its pid file
+        _corrupt("torn")
+        (state.cluster_dir("torn") / "control.sock").unlink()
+        with pytest.raises(clusterkit.ClusterkitError, match="still runs"):
+            api.status("torn")
+    finally:
+        api.down("torn")
+    supervisor.wait(timeout=30)
+    assert not state.pid_alive(record.pid)
+    assert state.load_record("torn") is None and api.list_clusters() == []
+
+
+def test_cli_ls_shows_an_unreadable_record_with_its_path(tmp_path: Path) -> None:
+    state.record_path("junk").write_text("not json")
+    cli = [sys.executable, "-m", "clusterkit"]
+    done = subprocess.run([*cli, "ls", "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert '"state": "unreadable: JSONDecodeError' in done.stdout
+    gone = subprocess.run([*cli, "down", "junk"], capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0, gone.stderr
+    assert not state.record_path("junk").exists()

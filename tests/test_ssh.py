@@ -279,10 +279,11 @@ def test_doctor_without_host_key_checks_logs_in(lab: Lab, tmp_path: Path) -> Non
 DRIVER = textwrap.dedent("""
     import json, sys
     from distributed import Client
+    from clusterkit.backends.ssh.backend import SSHBackend
     from clusterkit.schema import SSHProfile
     from clusterkit.security import ClusterSecurity
     profile = SSHProfile.model_validate(json.loads(sys.argv[1])).named("two-hosts")
-    cluster = SSH.create(profile, ClusterSecurity(protocol="tcp"), name="test")
+    cluster = SSHBackend().create(profile, ClusterSecurity(protocol="tcp"), name="two-hosts")
     try:
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)

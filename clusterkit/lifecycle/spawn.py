@@ -119,6 +119,10 @@ def _redirect_stdio(log: Path, keep: int) -> None:
     # locks held by `up` (the per-name flock) must not live on in the supervisor
     os.closerange(3, keep)
     os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+    # the parent's sys.std* may wrap other fds (a test runner's capture): use the new ones
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def _start_fresh(name: str, directory: Path, write_fd: int) -> None:

@@ -66,12 +66,14 @@ class Supervisor:
         self.directory = directory
         self.profile = profile
         self.started: Started | None = None
+        self.record: state.ClusterRecord | None = None
         self.stopping = threading.Event()
 
     def start(self) -> state.ClusterRecord:
         self.started = start_cluster(self.profile, name=self.name, security_dir=self.directory)
         record = self.started.record(pid=os.getpid(), control=str(self.directory / SOCKET_NAME))
         state.write_record(record)
+        self.record = record
         control.serve(self.directory / SOCKET_NAME, self.handle)
         return record
 
@@ -81,6 +83,11 @@ class Supervisor:
             return {"ok": False, "error": "the cluster is not started"}
         if op == "ping":
             return {"ok": True}
+        if op == "record":  # what the record file says, for rewriting one that became unreadable
+            return {
+                "ok": True,
+                "record": json.loads(self.record.to_json()) if self.record else None,
+            }
         if op == "scale":
             was_adaptive = started.stop_adapting()
             started.scale(int(request["n"]))
@@ -151,13 +158,16 @@ def report(fd: int | None, payload: dict[str, Any], *, last: bool = True) -> Non
 
 def run(name: str, profile: ProfileCommon, ready_fd: int | None) -> int:
     """The supervisor's whole life: start, report, serve until told to stop, close."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # a forking parent's handlers: their files may be gone
+        root.removeHandler(handler)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        force=True,
     )
     directory = state.cluster_dir(name)
+    state.write_pid_file(name, os.getpid())
     supervisor = Supervisor(name, directory, profile)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
