@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from clusterkit.schema import ProfileCommon
 
 DOWN_TIMEOUT = 30.0
+DEAD = "dead: supervisor gone (`clusterkit down NAME` removes what is left)"
 
 
 def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
@@ -73,7 +74,7 @@ def up(
                     f"cluster '{name}' is already up at {existing.address}",
                     hint=f"`clusterkit down {name}` first, or pick another --name",
                 )
-            state.remove_cluster(name)
+            _reap_held(existing)  # a dead cluster of this name: reap what it left first
         try:
             waiting = waiting or contextlib.nullcontext()
             if Capability.DETACHED in backend.CAPABILITIES:
@@ -112,11 +113,14 @@ def get_record(name: str) -> ClusterRecord:
     check_name(name)
     loaded = state.load_record(name)
     record = _recovered(loaded) if isinstance(loaded, state.Unreadable) else loaded
-    if record is None or not state.is_live(record):
-        if record is not None:
-            state.remove_cluster(name)
-        known = ", ".join(r.name for r in state.records()) or "none"
+    if record is None:
+        known = ", ".join(r.name for r in state.records() if state.is_live(r)) or "none"
         raise ClusterNotFound(f"no cluster named '{name}' is up", hint=f"up: {known}")
+    if not state.is_live(record):
+        raise ClusterNotFound(
+            f"cluster '{name}' is dead: its supervisor (pid {record.pid}) is gone",
+            hint=f"`clusterkit down {name}` removes what is left of it",
+        )
     return record
 
 
@@ -154,9 +158,13 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
     try:
         record = get_record(name)
     except ClusterkitError:
-        if not isinstance(state.load_record(name), state.Unreadable):
+        loaded = state.load_record(name)
+        if isinstance(loaded, state.Unreadable):
+            _down_by_pid_file(name, timeout)
+        elif isinstance(loaded, ClusterRecord):
+            reap(loaded)
+        else:
             raise
-        _down_by_pid_file(name, timeout)
         return
     with state.lock(name):
         if record.pid is None:
@@ -166,6 +174,22 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
 
             stop_supervisor(record.pid, timeout)
         state.remove_cluster(name)
+
+
+def reap(record: ClusterRecord) -> None:
+    """Remove what a dead supervisor left: its process group and whatever carries its tags."""
+    with state.lock(record.name):
+        _reap_held(record)
+
+
+def _reap_held(record: ClusterRecord) -> None:
+    """``reap`` with the name's lock already held."""
+    from clusterkit.lifecycle.spawn import kill_group
+
+    if record.pid is not None:
+        kill_group(record.pid, grace=3.0)
+    get_backend(record.backend).teardown(record)
+    state.remove_cluster(record.name)
 
 
 def _down_by_pid_file(name: str, timeout: float) -> None:
@@ -178,8 +202,10 @@ def _down_by_pid_file(name: str, timeout: float) -> None:
         state.remove_cluster(name)
 
 
-def down_all(*, timeout: float = DOWN_TIMEOUT) -> list[str]:
-    names = [r.name for r in state.records()] + [u.name for u in state.unreadable_records()]
+def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[str]:
+    """``down`` of every cluster (or, ``dead_only``, of those whose supervisor is gone)."""
+    names = [r.name for r in state.records() if not (dead_only and state.is_live(r))]
+    names += [u.name for u in state.unreadable_records()]
     for name in names:
         down(name, timeout=timeout)
     return names
@@ -196,10 +222,10 @@ def scheduler_identity(client: Any) -> dict[str, Any]:
 
 
 def list_clusters() -> list[dict[str, Any]]:
-    """Live clusters (dead supervisors' records are pruned), with worker and GPU counts."""
+    """Clusters with worker and GPU counts; dead and unreadable ones are listed, not hidden."""
     rows = []
     for record in state.records():
-        info = _scheduler_summary(record)
+        info = _scheduler_summary(record) if state.is_live(record) else {"state": DEAD}
         rows.append(
             {
                 "name": record.name,

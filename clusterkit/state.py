@@ -174,20 +174,10 @@ def is_live(record: ClusterRecord) -> bool:
     return record.pid is None or pid_alive(record.pid)
 
 
-def records(prune: bool = True) -> list[ClusterRecord]:
-    """Every record; with ``prune``, records of dead supervisors are removed."""
-    found = []
-    for path in sorted(clusters_dir().glob("*.json")):
-        record = read_record(path.stem)
-        if record is None:
-            continue
-        if prune and not is_live(record):
-            with lock(record.name, wait=False) as held:
-                if held:
-                    remove_cluster(record.name)
-            continue
-        found.append(record)
-    return found
+def records() -> list[ClusterRecord]:
+    """Every readable record, live or dead (a dead one is reaped by ``down``, never dropped)."""
+    found = (read_record(path.stem) for path in sorted(clusters_dir().glob("*.json")))
+    return [record for record in found if record is not None]
 
 
 @contextlib.contextmanager

@@ -359,3 +359,31 @@ def test_cli_ls_shows_an_unreadable_record_with_its_path(tmp_path: Path) -> None
     gone = subprocess.run([*cli, "down", "junk"], capture_output=True, text=True, timeout=60)
     assert gone.returncode == 0, gone.stderr
     assert not state.record_path("junk").exists()
+
+
+def test_dead_supervisor_is_listed_and_down_reaps_its_workers(tmp_path: Path) -> None:
+    import signal
+
+    import psutil
+
+    record = api.up(profile_file(tmp_path, "backend: local\nworkers: 2\n", "orphaned"))
+    assert record.pid is not None
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == record.pid]
+    assert len(group) >= 3, "supervisor and its worker processes share one group"
+    os.kill(record.pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(record.pid)], timeout=10)
+    rows = {row["name"]: row for row in api.list_clusters()}
+    assert rows["orphaned"]["state"].startswith("dead"), rows
+    with pytest.raises(ClusterNotFound, match="is dead"):
+        api.status("orphaned")
+    api.down("orphaned")
+    _gone, alive = psutil.wait_procs(group, timeout=15)
+    assert alive == [], f"left running: {alive}"
+    assert state.load_record("orphaned") is None
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None

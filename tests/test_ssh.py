@@ -345,3 +345,26 @@ def test_two_hosts_in_network_namespaces(tmp_path: Path) -> None:
         finally:
             for server in servers:
                 server.stop()
+
+
+def test_killed_supervisor_leaves_remote_processes_that_down_reaps(lab: Lab) -> None:
+    import signal
+
+    import psutil
+
+    from clusterkit import api, state
+
+    name = f"ssh-dead-{uuid.uuid4().hex[:6]}"
+    record = api.up(lab.profile(name, protocol="tls"))
+    cluster_id = record.extra["cluster_id"]
+    assert cluster_id.startswith(name)  # remote processes and folders carry the cluster's name
+    remote_dir = Path.home() / ".clusterkit" / "run" / cluster_id
+    assert remote_dir.is_dir()
+    os.kill(record.pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(record.pid)], timeout=10)
+    time.sleep(2)
+    assert S.remote_processes([lab.server]), "the remote scheduler and worker outlive a SIGKILL"
+    api.down(name)
+    assert S.wait_no_remote_processes([lab.server]) == {}
+    assert not remote_dir.exists()
+    assert state.load_record(name) is None

@@ -34,16 +34,22 @@ def up(
 def down(
     name: str = typer.Argument(None, help="Cluster name."),
     all_: bool = typer.Option(False, "--all", help="Every cluster that is up."),
+    dead: bool = typer.Option(False, "--dead", help="With --all: only dead clusters."),
     timeout: float = typer.Option(30.0, help="Seconds of graceful close before killing."),
 ) -> None:
-    """Close a cluster (gracefully, then its process group) and remove its record."""
+    """Close a cluster (gracefully, then its process group) and remove its record.
+
+    A dead cluster (its supervisor gone) is reaped: what carries its tags is removed.
+    """
     from clusterkit import api, console
     from clusterkit.errors import BadInput
 
     if all_ == bool(name):
         raise BadInput("give a cluster name or --all (not both)")
+    if dead and not all_:
+        raise BadInput("--dead goes with --all")
     if all_:
-        names = api.down_all(timeout=timeout)
+        names = api.down_all(timeout=timeout, dead_only=dead)
     else:
         api.down(name, timeout=timeout)
         names = [name]
@@ -59,7 +65,7 @@ def ls(
         False, "--kubernetes", help="Also list the DaskClusters the kubeconfig can see."
     ),
 ) -> None:
-    """Clusters that are up (records of dead supervisors are pruned)."""
+    """Clusters that are up; dead and unreadable ones are listed so that `down` can end them."""
     from clusterkit import api, console
 
     rows = api.list_clusters()

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 from clusterkit.backends.base import Backend, Capability, Check, Requirement
 from clusterkit.backends.ssh import remote as ssh_remote
 from clusterkit.backends.ssh import spec as ssh_spec
-from clusterkit.errors import ClusterStartError
+from clusterkit.errors import ClusterkitError, ClusterStartError
 from clusterkit.schema import SSHProfile
 
 if TYPE_CHECKING:
     from distributed.deploy.spec import SpecCluster
 
     from clusterkit.security import ClusterSecurity
+    from clusterkit.state import ClusterRecord
 
 
 def render(profile: SSHProfile, security: ClusterSecurity) -> str:
@@ -55,7 +56,7 @@ def create_cluster(profile: SSHProfile, security: ClusterSecurity, name: str) ->
 
     start_log = StartLog(deadline=time.monotonic() + profile.start_timeout)
     plan = ssh_spec.plan(profile, security, timeout=profile.start_timeout)
-    cluster_id = uuid.uuid4().hex[:16]
+    cluster_id = f"{name}-{uuid.uuid4().hex[:8]}"  # every remote process and folder carries it
     plan.env[ssh_spec.MARKER_VAR] = cluster_id
     try:
         if security.tls:
@@ -127,3 +128,24 @@ class SSHBackend(Backend):
         from clusterkit.backends.ssh.doctor import doctor
 
         return doctor(profile, security)
+
+    def record_extra(self, cluster: Any, profile: SSHProfile) -> dict[str, Any]:
+        """The tag on every remote process and folder, and how to reach the hosts again."""
+        plan = cluster.ssh_plan
+        return {"cluster_id": cluster.cluster_id, "hosts": plan.hosts, "ssh": plan.connect_options}
+
+    def teardown(self, record: ClusterRecord) -> None:
+        """Kill every remote process tagged with the cluster's id and remove its folders."""
+        extra = record.extra or {}
+        if "cluster_id" not in extra:
+            return
+        hosts, options, cluster_id = extra["hosts"], extra["ssh"], extra["cluster_id"]
+        results = ssh_remote.run_sync(
+            lambda: ssh_remote.cleanup(hosts, options, cluster_id, "KILL")
+        )
+        failed = [f"{r.host}: {r.reason}" for r in results if not r.ok]
+        if failed:
+            raise ClusterkitError(
+                f"could not clean up cluster '{record.name}' on {', '.join(failed)}",
+                hint="check that the hosts are reachable, then run `clusterkit down` again",
+            )
