@@ -52,13 +52,15 @@ def list_(json_: bool = typer.Option(False, "--json", help="Machine-readable out
     if json_:
         console.print_json(rows)
         return
+    from rich.text import Text
+
     console.table(
         None,
         ["name", "backend", "workers", "GPUs/worker", "source"],
         [
             (
                 r["name"],
-                r["backend"] if not r["error"] else "[red]invalid[/red]",
+                r["backend"] if not r["error"] else Text("invalid", style="red"),
                 r["workers"],
                 r["gpus"],
                 r["source"],
