@@ -11,10 +11,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from clusterkit import state
+from clusterkit import monitor, state
 from clusterkit.backends.base import Capability, backend_for, check_capabilities, get_backend
 from clusterkit.client import connect
 from clusterkit.errors import BadInput, ClusterExists, ClusterNotFound, ClusterStartError
+from clusterkit.monitor import scheduler_identity
 from clusterkit.profiles import check_name, load_profile
 from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
@@ -211,21 +212,11 @@ def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[
     return names
 
 
-def scheduler_identity(client: Any) -> dict[str, Any]:
-    """The scheduler's own view, fetched now.
-
-    ``client.scheduler_info()`` returns a cache that the client's periodic refresh can replace
-    with a copy that lists no workers; asking the scheduler directly avoids that race.
-    """
-    identity: dict[str, Any] = client.sync(client.scheduler.identity, n_workers=-1)
-    return identity
-
-
 def list_clusters() -> list[dict[str, Any]]:
     """Clusters with worker and GPU counts; dead and unreadable ones are listed, not hidden."""
     rows = []
     for record in state.records():
-        info = _scheduler_summary(record) if state.is_live(record) else {"state": DEAD}
+        info = _summary(record) if state.is_live(record) else {"state": DEAD}
         rows.append(
             {
                 "name": record.name,
@@ -233,6 +224,7 @@ def list_clusters() -> list[dict[str, Any]]:
                 "address": record.address,
                 "workers": info.get("workers"),
                 "gpus": info.get("gpus"),
+                "gpus_busy": info.get("gpus_busy"),
                 "age": record.age,
                 "state": info.get("state", "up"),
                 "dashboard": record.dashboard,
@@ -254,14 +246,23 @@ def list_clusters() -> list[dict[str, Any]]:
     return rows
 
 
-def _scheduler_summary(record: ClusterRecord) -> dict[str, Any]:
+def _summary(record: ClusterRecord) -> dict[str, Any]:
     try:
-        with connect(record, timeout=5) as client:
-            workers = scheduler_identity(client)["workers"]
+        workers = _worker_rows(record)
     except Exception as error:  # unreachable is a state to show, not a crash
         return {"state": f"unreachable ({type(error).__name__})"}
-    gpus = sum(int(w.get("resources", {}).get("GPU", 0)) for w in workers.values())
-    return {"workers": len(workers), "gpus": gpus, "state": "up"}
+    busy, total = monitor.gpus_busy(workers)
+    return {"workers": len(workers), "gpus": total, "gpus_busy": busy, "state": "up"}
+
+
+def _worker_rows(record: ClusterRecord, timeout: float = 5) -> list[dict[str, Any]]:
+    with connect(record, timeout=timeout) as client:
+        info = scheduler_identity(client)
+        processing = client.processing()
+    return [
+        monitor.worker_row(address, worker, len(processing.get(address, ())))
+        for address, worker in sorted(info["workers"].items())
+    ]
 
 
 def list_resources(backend_name: str) -> list[dict[str, Any]]:
@@ -274,33 +275,26 @@ def list_resources(backend_name: str) -> list[dict[str, Any]]:
 
 
 def status(name: str) -> dict[str, Any]:
-    """Workers (threads, memory, GPUs, tasks processing) and backend rows (jobs, pods)."""
+    """Per worker: CPU, memory, GPU use, tasks running and queued; the scaling mode; backend
+    rows (jobs, pods)."""
     record = get_record(name)
-    with connect(record) as client:
-        info = scheduler_identity(client)
-        processing = client.processing()
-    workers = [
-        {
-            "address": address,
-            "name": str(worker.get("name")),
-            "threads": worker.get("nthreads"),
-            "memory_limit": worker.get("memory_limit"),
-            "memory": worker.get("metrics", {}).get("memory"),
-            "gpus": int(worker.get("resources", {}).get("GPU", 0)),
-            "processing": len(processing.get(address, ())),
-        }
-        for address, worker in sorted(info["workers"].items())
-    ]
+    workers = _worker_rows(record, timeout=30)
+    mode = None
     if record.control:
-        rows = _control(record, {"op": "describe"}).get("rows", [])
+        described = _control(record, {"op": "describe"})
+        rows, mode = described.get("rows", []), described.get("mode")
     else:  # a detached cluster: the backend asks its own API
         rows = [row.__dict__ for row in get_backend(record.backend).describe_record(record)]
+    busy, total = monitor.gpus_busy(workers)
     return {
         "name": record.name,
         "backend": record.backend,
         "address": record.address,
         "dashboard": record.dashboard,
         "age": record.age,
+        "mode": mode,
+        "gpus_busy": busy,
+        "gpus": total,
         "workers": workers,
         "rows": rows,
     }
@@ -347,24 +341,41 @@ def _wait_for_count(record: ClusterRecord, n: int, timeout: float) -> None:
             time.sleep(0.2)
 
 
-def adapt(name: str, minimum: int, maximum: int) -> None:
-    """Turn adaptive scaling on (or change its bounds) on a supervised cluster."""
-    if not 0 <= minimum <= maximum:
-        raise BadInput(f"adapt needs 0 <= minimum <= maximum, got {minimum}..{maximum}")
-    _control(get_record(name), {"op": "adapt", "minimum": minimum, "maximum": maximum})
+def adapt(name: str, minimum: int | None = None, maximum: int | None = None) -> bool:
+    """Turn adaptive scaling on (or change its bounds); with no bounds, turn it off.
+
+    Returns whether adaptive scaling was on before (for ``off``).
+    """
+    record = get_record(name)
+    if minimum is None and maximum is None:
+        return bool(_control(record, {"op": "adapt", "off": True}).get("ended_adaptive"))
+    low, high = minimum or 0, maximum if maximum is not None else max(minimum or 0, 1)
+    if not 0 <= low <= high:
+        raise BadInput(f"adapt needs 0 <= minimum <= maximum, got {low}..{high}")
+    _control(record, {"op": "adapt", "minimum": low, "maximum": high})
+    return True
 
 
-def logs(name: str, *, lines: int = 200) -> dict[str, list[str]]:
-    """Supervisor log tail plus the scheduler's and each worker's in-memory logs."""
+def logs(
+    name: str, *, lines: int = 200, component: str | None = None, since: str | None = None
+) -> dict[str, list[str]]:
+    """Recent log lines per component: ``supervisor``, ``scheduler``, ``worker ADDRESS``.
+
+    ``component`` keeps one (``worker`` matches every worker; ``worker NAME`` one by name or
+    address); ``since`` (``10m``) keeps lines written that recently.
+    """
     from clusterkit.lifecycle.supervisor import log_tail
 
     record = get_record(name)
+    after = monitor.parse_since(since)
     result: dict[str, list[str]] = {}
-    tail = log_tail(state.cluster_dir(name), lines)
-    if tail:
-        result["supervisor"] = tail
-    with connect(record) as client:
-        result["scheduler"] = [msg for _, msg in client.get_scheduler_logs(n=lines)]
-        for address, entries in client.get_worker_logs(n=lines).items():
-            result[f"worker {address}"] = [msg for _, msg in entries]
-    return result
+    if component in (None, "supervisor"):
+        result["supervisor"] = log_tail(state.cluster_dir(name), lines)
+    if component != "supervisor":
+        with connect(record) as client:
+            result.update(monitor.cluster_logs(client, lines, component))
+    if component is not None and not result:
+        raise BadInput(
+            f"no log component {component!r}", hint="supervisor, scheduler, worker [NAME]"
+        )
+    return {key: monitor.since_filter(value, after) for key, value in result.items() if value}

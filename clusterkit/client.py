@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import weakref
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from clusterkit.state import ClusterRecord
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 ProfileRef = Any  # a profile name, a path to a profile file, a loaded profile, or None
@@ -141,6 +144,16 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
         started.close()
         raise
     _own(client, started, directory)
+    if Capability.REMOTE in backend.CAPABILITIES:
+        logger.warning(
+            "started an embedded %s cluster '%s' (%d workers); it ends with this process. "
+            "`clusterkit up %s` keeps one running that get_client('%s') attaches to",
+            profile.backend_name,
+            name,
+            len(started.cluster.scheduler_info.get("workers", {})),
+            profile.name,
+            profile.name,
+        )
     return started.cluster, client
 
 

@@ -61,6 +61,13 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     grid = Table(title=title, title_justify="left", header_style="bold")
     for column in columns:
         grid.add_column(column)
-    for row in rows:
-        grid.add_row(*("" if cell is None else str(cell) for cell in row))
+    for row in rows:  # cells are data, not markup: "extra [kubernetes]" stays as it is
+        grid.add_row(*("" if cell is None else _cell(cell) for cell in row))
     out().print(grid)
+
+
+def _cell(value: Any) -> Any:
+    from rich.markup import escape
+    from rich.text import Text
+
+    return value if isinstance(value, Text) else escape(str(value))

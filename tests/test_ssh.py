@@ -368,3 +368,21 @@ def test_killed_supervisor_leaves_remote_processes_that_down_reaps(lab: Lab) -> 
     assert S.wait_no_remote_processes([lab.server]) == {}
     assert not remote_dir.exists()
     assert state.load_record(name) is None
+
+
+def test_doctor_names_a_missing_key_file(lab: Lab) -> None:
+    checks = SSH.doctor(lab.profile(identity_files=["/nonexistent/id_ed25519"]), tcp())
+    assert not checks[0].ok and "/nonexistent/id_ed25519" in checks[0].detail
+
+
+def test_embedded_remote_cluster_says_it_ends_with_the_process(
+    lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
+    from clusterkit.client import get_client
+
+    with caplog.at_level(logging.WARNING, logger="clusterkit.client"):
+        client = get_client(lab.profile(f"ssh-embedded-{uuid.uuid4().hex[:6]}"))
+        client.close()
+    lines = [r.getMessage() for r in caplog.records]
+    line = next(text for text in lines if "ends with this process" in text)
+    assert "embedded ssh cluster" in line and "clusterkit up ssh-embedded-" in line

@@ -35,6 +35,7 @@ class Capability(enum.Enum):
     ADAPT = "adapt"
     DETACHED = "detached"  # the cluster lives outside our process (Kubernetes)
     ATTACH_ONLY = "attach-only"  # nothing to start: `connect` attaches (address)
+    REMOTE = "remote"  # workers run on other machines: jobs, pods, hosts someone pays for
 
 
 @dataclass(frozen=True)

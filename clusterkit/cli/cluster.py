@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 import typer
+
+from clusterkit.cli.complete import cluster_names, profile_names
 
 
 def _age(seconds: float) -> str:
@@ -15,7 +20,9 @@ def _age(seconds: float) -> str:
 
 
 def up(
-    profile: str = typer.Argument("local", help="Profile name or path."),
+    profile: str = typer.Argument(
+        "local", help="Profile name or path.", autocompletion=profile_names
+    ),
     name: str = typer.Option(None, "--name", help="Cluster name (default: the profile's)."),
 ) -> None:
     """Start a cluster from a profile; it runs until `clusterkit down`."""
@@ -32,9 +39,10 @@ def up(
 
 
 def down(
-    name: str = typer.Argument(None, help="Cluster name."),
+    name: str = typer.Argument(None, help="Cluster name.", autocompletion=cluster_names),
     all_: bool = typer.Option(False, "--all", help="Every cluster that is up."),
     dead: bool = typer.Option(False, "--dead", help="With --all: only dead clusters."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="With --all: do not ask."),
     timeout: float = typer.Option(30.0, help="Seconds of graceful close before killing."),
 ) -> None:
     """Close a cluster (gracefully, then its process group) and remove its record.
@@ -48,6 +56,12 @@ def down(
         raise BadInput("give a cluster name or --all (not both)")
     if dead and not all_:
         raise BadInput("--dead goes with --all")
+    if all_ and not yes and sys.stdin.isatty():
+        from clusterkit import state
+
+        every = [r.name for r in state.records()] + [u.name for u in state.unreadable_records()]
+        if every and not typer.confirm(f"stop {len(every)} cluster(s): {', '.join(every)}?"):
+            raise typer.Exit(1)
     if all_:
         names = api.down_all(timeout=timeout, dead_only=dead)
     else:
@@ -82,14 +96,14 @@ def ls(
         return
     console.table(
         None,
-        ["name", "backend", "address", "workers", "GPUs", "age", "state"],
+        ["name", "backend", "address", "workers", "GPUs busy", "age", "state"],
         [
             (
                 r["name"],
                 r["backend"],
                 r["address"],
                 r["workers"],
-                r["gpus"],
+                None if r["gpus"] is None else f"{r['gpus_busy']}/{r['gpus']}",
                 _age(r["age"]),
                 r["state"],
             )
@@ -99,71 +113,103 @@ def ls(
 
 
 def status(
-    name: str = typer.Argument(..., help="Cluster name."),
+    name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
     json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh in place until Ctrl-C."),
+    interval: float = typer.Option(2.0, help="Seconds between refreshes with --watch."),
+    count: int = typer.Option(0, help="With --watch: stop after this many refreshes."),
 ) -> None:
-    """Workers with threads, memory, GPUs and tasks processing; jobs or pods per backend."""
-    from dask.utils import format_bytes
-
+    """Per worker: CPU, memory, GPU use, tasks running and queued; jobs or pods; scaling mode."""
     from clusterkit import api, console
+    from clusterkit.cli.views import status_view
 
-    info = api.status(name)
-    if json_:
-        console.print_json(info)
+    if not watch:
+        info = api.status(name)
+        if json_:
+            console.print_json(info)
+        else:
+            console.out().print(status_view(info))
         return
-    console.message(
-        f"{info['name']} ({info['backend']}) at {info['address']}, up {_age(info['age'])}"
-        + (f", dashboard {info['dashboard']}" if info["dashboard"] else "")
-    )
-    console.table(
-        "workers",
-        ["address", "threads", "memory", "limit", "GPUs", "processing"],
-        [
-            (
-                w["address"],
-                w["threads"],
-                format_bytes(w["memory"] or 0),
-                format_bytes(w["memory_limit"] or 0),
-                w["gpus"],
-                w["processing"],
-            )
-            for w in info["workers"]
-        ],
-    )
-    if info["rows"]:
-        console.table(
-            None,
-            ["kind", "name", "state", "detail"],
-            [(r["kind"], r["name"], r["state"], r["detail"]) for r in info["rows"]],
-        )
+    from rich.live import Live
+
+    with Live(console=console.out(), auto_refresh=False) as live:
+        shown = 0
+        while not count or shown < count:
+            info = api.status(name)
+            if json_:
+                console.print_json(info)
+            else:
+                live.update(status_view(info), refresh=True)
+            shown += 1
+            if not count or shown < count:
+                time.sleep(interval)
 
 
 def scale(
-    name: str = typer.Argument(..., help="Cluster name."),
+    name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
     workers: int = typer.Argument(..., help="Number of workers."),
 ) -> None:
-    """Set the number of workers and wait until they are there."""
+    """Set the number of workers and wait until they are there (ends adaptive scaling)."""
     from clusterkit import api, console
 
-    api.scale(name, workers)
+    if api.scale(name, workers):
+        console.warn(f"{name}: adaptive scaling ended (`clusterkit adapt {name}` turns it on)")
     console.message(f"{name}: {workers} workers")
 
 
-def logs(
-    name: str = typer.Argument(..., help="Cluster name."),
-    lines: int = typer.Option(200, "--lines", "-n", help="Lines per component."),
+def adapt(
+    name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
+    minimum: int = typer.Option(None, "--min", help="Fewest workers."),
+    maximum: int = typer.Option(None, "--max", help="Most workers."),
+    off: bool = typer.Option(False, "--off", help="End adaptive scaling (keep the workers)."),
 ) -> None:
-    """Supervisor, scheduler and worker logs."""
+    """Scale with the load between --min and --max workers, or turn that off with --off."""
+    from clusterkit import api, console
+    from clusterkit.errors import BadInput
+
+    if off == (minimum is not None or maximum is not None):
+        raise BadInput("give --min/--max, or --off")
+    if off:
+        was = api.adapt(name)
+        console.message(f"{name}: adaptive scaling {'ended' if was else 'was not on'}")
+        return
+    api.adapt(name, minimum, maximum)
+    console.message(f"{name}: adaptive, {minimum or 0}..{maximum if maximum is not None else '-'}")
+
+
+def logs(
+    name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
+    lines: int = typer.Option(200, "--lines", "-n", help="Lines per component."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    component: str = typer.Option(
+        None, "--component", "-c", help="supervisor, scheduler, worker, or 'worker NAME'."
+    ),
+    since: str = typer.Option(None, "--since", help="Only lines this recent, e.g. 10m."),
+) -> None:
+    """Supervisor, scheduler and worker logs; -f follows them."""
     from clusterkit import api
 
-    for component, entries in api.logs(name, lines=lines).items():
-        typer.echo(f"==> {component} <==")
-        for entry in entries:
-            typer.echo(entry)
+    if not follow:
+        for part, entries in api.logs(name, lines=lines, component=component, since=since).items():
+            typer.echo(f"==> {part} <==")
+            for entry in entries:
+                typer.echo(entry)
+        return
+    from clusterkit.monitor import follow as follow_logs
+
+    def fetch() -> dict[str, list[str]]:
+        return api.logs(name, lines=lines, component=component, since=since)
+
+    last = None
+    for part, entry in follow_logs(fetch):
+        if part != last:
+            typer.echo(f"==> {part} <==")
+            last = part
+        typer.echo(entry)
 
 
 def dashboard(
-    name: str = typer.Argument(..., help="Cluster name."),
+    name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
     open_: bool = typer.Option(False, "--open", help="Open it in a browser."),
 ) -> None:
     """Print the dashboard link (and open it with --open)."""
@@ -181,5 +227,5 @@ def dashboard(
 
 
 def register(app: typer.Typer) -> None:
-    for command in (up, down, ls, status, scale, logs, dashboard):
+    for command in (up, down, ls, status, scale, adapt, logs, dashboard):
         app.command()(command)

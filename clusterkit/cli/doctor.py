@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import typer
 
+from clusterkit.cli.complete import profile_names
+
 
 def doctor(
-    profile: str = typer.Argument("local", help="Profile name or path."),
+    profile: str = typer.Argument(
+        "local", help="Profile name or path.", autocompletion=profile_names
+    ),
     json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Check this machine against a profile: a pass/fail row with a fix for each check."""
+    from rich.text import Text
+
     from clusterkit import console
     from clusterkit.doctor import run_checks
     from clusterkit.errors import EXIT_RUNTIME
@@ -25,7 +31,7 @@ def doctor(
             [
                 (
                     c.name,
-                    "[green]pass[/green]" if c.ok else "[red]FAIL[/red]",
+                    Text("pass", style="green") if c.ok else Text("FAIL", style="red"),
                     c.detail,
                     "" if c.ok else c.fix,
                 )

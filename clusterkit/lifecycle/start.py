@@ -38,6 +38,7 @@ class Started:
     security: ClusterSecurity
     cluster: Any
     adaptive: Adaptive | None = None
+    bounds: tuple[int, int] = (0, 0)
 
     @property
     def address(self) -> str:
@@ -71,6 +72,12 @@ class Started:
 
     def adapt(self, minimum: int, maximum: int) -> None:
         self.adaptive = self.cluster.adapt(minimum=minimum, maximum=maximum)
+        self.bounds = (minimum, maximum)
+
+    @property
+    def mode(self) -> str:
+        """``adaptive MIN..MAX`` or ``fixed``."""
+        return f"adaptive {self.bounds[0]}..{self.bounds[1]}" if self.adaptive else "fixed"
 
     def stop_adapting(self) -> bool:
         """End adaptive scaling; whether it was on."""

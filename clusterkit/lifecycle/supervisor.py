@@ -93,11 +93,13 @@ class Supervisor:
             started.scale(int(request["n"]))
             return {"ok": True, "ended_adaptive": was_adaptive}
         if op == "adapt":
+            if request.get("off"):
+                return {"ok": True, "ended_adaptive": started.stop_adapting()}
             started.adapt(int(request["minimum"]), int(request["maximum"]))
             return {"ok": True}
         if op == "describe":
             rows = started.backend.describe(started.cluster, started.profile)
-            return {"ok": True, "rows": [row.__dict__ for row in rows]}
+            return {"ok": True, "rows": [row.__dict__ for row in rows], "mode": started.mode}
         if op == "stop":
             self.stopping.set()
             return {"ok": True}

@@ -34,6 +34,7 @@ class JobQueueBackend(Backend):
 
     CAPABILITIES = frozenset(
         {Capability.GPU, Capability.UCX, Capability.TLS, Capability.SCALE, Capability.ADAPT}
+        | {Capability.REMOTE}
     )
     REQUIRES = (Requirement("dask_jobqueue", "dask-jobqueue", "jobqueue"),)
     QUEUE: ClassVar[SlurmQueue | PBSQueue]

@@ -161,6 +161,7 @@ class KubernetesBackend(Backend):
     Profile = KubernetesProfile
     CAPABILITIES = frozenset(
         {Capability.GPU, Capability.TLS, Capability.SCALE, Capability.ADAPT, Capability.DETACHED}
+        | {Capability.REMOTE}
     )
     REQUIRES = (Requirement("dask_kubernetes", "dask-kubernetes", "kubernetes"),)
 

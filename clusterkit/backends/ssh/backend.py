@@ -110,7 +110,9 @@ class SSHBackend(Backend):
 
     NAME = "ssh"
     Profile = SSHProfile
-    CAPABILITIES = frozenset({Capability.GPU, Capability.UCX, Capability.TLS, Capability.SCALE})
+    CAPABILITIES = frozenset(
+        {Capability.GPU, Capability.UCX, Capability.TLS, Capability.SCALE, Capability.REMOTE}
+    )
     REQUIRES = (Requirement("asyncssh", "asyncssh", "ssh"),)
 
     def render(self, profile: SSHProfile, security: ClusterSecurity) -> str:

@@ -39,6 +39,8 @@ def describe_error(error: BaseException) -> str:
         return f"disconnected: {error.reason}"
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return "timed out connecting"
+    if isinstance(error, OSError) and error.filename:  # a key or known_hosts file, not the host
+        return f"cannot read {error.filename}: {error.strerror or error}"
     if isinstance(error, OSError):
         return f"unreachable: {error.strerror or error}"
     return f"{type(error).__name__}: {error}"

@@ -1,0 +1,144 @@
+"""The everyday loop around a running cluster, through the CLI as users run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterkit import api, state
+
+pytestmark = pytest.mark.local
+
+CLI = [sys.executable, "-m", "clusterkit"]
+
+
+def ck(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}  # tables unwrapped, as on a wide terminal
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def daily(tmp_path: Path) -> Iterator[str]:
+    path = tmp_path / "daily.yaml"
+    path.write_text("backend: local\nworkers: 1\nworker: {threads: 2}\n")
+    started = ck("up", str(path))
+    assert started.returncode == 0, started.stderr
+    try:
+        yield "daily"
+    finally:
+        if state.read_record("daily") is not None:
+            api.down("daily")
+
+
+def test_status_shows_load_mode_and_refreshes_with_watch(daily: str) -> None:
+    info = json.loads(ck("status", daily, "--json").stdout)
+    assert info["mode"] == "fixed" and info["gpus"] == 0
+    worker = info["workers"][0]
+    assert {"cpu", "memory", "gpu_utilization", "running", "queued"} <= set(worker)
+    watched = ck("status", daily, "--watch", "--count", "2", "--interval", "0.2")
+    assert watched.returncode == 0, watched.stderr
+    assert "daily (local) at tcp://127.0.0.1:" in watched.stdout
+    for column in ("CPU", "GPU use", "running", "queued"):
+        assert column in watched.stdout
+
+
+def test_adapt_on_and_off_and_scale_says_it_ended_adaptive(daily: str) -> None:
+    adapted = ck("adapt", daily, "--min", "1", "--max", "3")
+    assert adapted.returncode == 0, adapted.stderr
+    assert json.loads(ck("status", daily, "--json").stdout)["mode"] == "adaptive 1..3"
+    scaled = ck("scale", daily, "2")
+    assert scaled.returncode == 0 and "adaptive scaling ended" in scaled.stderr
+    assert json.loads(ck("status", daily, "--json").stdout)["mode"] == "fixed"
+    assert ck("adapt", daily, "--min", "1").returncode == 0
+    off = ck("adapt", daily, "--off")
+    assert off.returncode == 0 and "adaptive scaling ended" in off.stderr
+    assert ck("adapt", daily).returncode == 2  # neither bounds nor --off
+
+
+def test_logs_by_component_since_and_follow(daily: str) -> None:
+    from clusterkit.client import get_client
+
+    only = ck("logs", daily, "--component", "scheduler")
+    assert only.returncode == 0 and "==> scheduler <==" in only.stdout
+    assert "==> worker" not in only.stdout and "==> supervisor" not in only.stdout
+    assert "==> worker" in ck("logs", daily, "-c", "worker").stdout
+    bad = ck("logs", daily, "-c", "nonsense")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: no log component")
+    follower = subprocess.Popen(
+        [*CLI, "logs", daily, "-f", "-c", "worker"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(3)
+        with get_client(daily) as client:
+            client.submit(_log_marker, "clusterkit-follow-marker").result(timeout=30)
+        deadline, seen = time.monotonic() + 30, ""
+        assert follower.stdout is not None
+        os.set_blocking(follower.stdout.fileno(), False)
+        while "clusterkit-follow-marker" not in seen and time.monotonic() < deadline:
+            seen += follower.stdout.read() or ""
+            time.sleep(0.2)
+        assert "clusterkit-follow-marker" in seen
+    finally:
+        follower.terminate()
+        follower.wait(timeout=30)
+    assert "clusterkit-follow-marker" in ck("logs", daily, "-c", "worker", "--since", "10m").stdout
+    time.sleep(3)
+    assert "clusterkit-follow-marker" not in ck("logs", daily, "--since", "1s").stdout
+    assert ck("logs", daily, "--since", "soon").returncode == 2
+
+
+def _log_marker(text: str) -> None:
+    import logging
+
+    logging.getLogger("distributed.worker").warning(text)
+
+
+def test_down_all_asks_on_a_terminal(daily: str) -> None:
+    import pty
+
+    leader, follower = pty.openpty()
+    try:  # the prompt needs a terminal on stdin
+        process = subprocess.Popen(
+            [*CLI, "down", "--all"], stdin=follower, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+        os.write(leader, b"n\n")
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 1, err
+        assert state.read_record(daily) is not None, "answering no must stop nothing"
+    finally:
+        os.close(leader)
+        os.close(follower)
+    done = ck("down", "--all", "--yes")
+    assert done.returncode == 0 and f"down {daily}" in done.stderr
+
+
+def test_completion_of_profile_and_cluster_names(daily: str) -> None:
+    def complete(words: str) -> list[str]:
+        env = {
+            **os.environ,
+            "_CLUSTERKIT_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", "from clusterkit.cli import main; main()"],
+            capture_output=True, text=True, env=env, timeout=60,
+        )
+        return done.stdout.split()
+
+    assert daily in complete("clusterkit status ")
+    assert {"local", "local-cuda", "lab-scheduler"} <= set(complete("clusterkit up l"))
+    assert complete("clusterkit down da") == [daily]
+
+
+def test_doctor_table_keeps_brackets() -> None:
+    done = ck("doctor", "slurm-gpu")
+    assert "extra [jobqueue]" in done.stdout
