@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -387,3 +388,24 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except (ProcessLookupError, PermissionError):
         return None
+
+
+def test_workers_stop_by_themselves_when_their_scheduler_is_gone(tmp_path: Path) -> None:
+    import signal
+
+    import psutil
+
+    text = "backend: local\nworkers: 2\ndeath_timeout: 3s\n"
+    record = api.up(profile_file(tmp_path, text, "headless"))
+    assert record.pid is not None
+    workers = [
+        p for p in psutil.process_iter() if _pgid(p.pid) == record.pid and p.pid != record.pid
+    ]
+    assert workers
+    os.kill(record.pid, signal.SIGKILL)  # the scheduler runs in the supervisor: both gone
+    started = time.monotonic()
+    _gone, alive = psutil.wait_procs(workers, timeout=60)
+    took = time.monotonic() - started
+    assert alive == [], f"workers still running {took:.0f}s after their scheduler died"
+    print(f"workers stopped {took:.1f}s after the scheduler died (death_timeout 3s)")
+    api.down("headless")

@@ -386,3 +386,27 @@ def test_embedded_remote_cluster_says_it_ends_with_the_process(
     lines = [r.getMessage() for r in caplog.records]
     line = next(text for text in lines if "ends with this process" in text)
     assert "embedded ssh cluster" in line and "clusterkit up ssh-embedded-" in line
+
+
+def test_remote_workers_stop_by_themselves_when_their_scheduler_is_gone(lab: Lab) -> None:
+    import signal
+
+    import psutil
+
+    from clusterkit import api
+
+    name = f"ssh-headless-{uuid.uuid4().hex[:6]}"
+    record = api.up(lab.profile(name, death_timeout="5s"))
+    os.kill(record.pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(record.pid)], timeout=10)
+    started = time.monotonic()
+    # the remote scheduler outlives its SIGKILLed supervisor: stop it as a crashed host would
+    remote = S.remote_processes([lab.server])
+    schedulers = {pid: cmd for pid, cmd in remote.items() if "distributed.Scheduler" in cmd}
+    assert schedulers and len(schedulers) < len(remote), remote
+    S.kill_all(schedulers)
+    left = S.wait_no_remote_processes([lab.server], seconds=60)
+    took = time.monotonic() - started
+    assert left == {}, f"remote workers still running {took:.0f}s after their scheduler: {left}"
+    print(f"remote workers stopped {took:.1f}s after their scheduler (death_timeout 5s)")
+    api.down(name)

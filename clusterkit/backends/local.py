@@ -30,6 +30,7 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
         "n_workers": profile.workers,
         "threads_per_worker": profile.worker.threads,
         "memory_limit": profile.worker.memory,
+        "death_timeout": profile.death_timeout,
         "host": host,
         "interface": scheduler.interface,
         "scheduler_port": scheduler.port,

@@ -126,7 +126,6 @@ class JobQueueProfile(ClusterProfile):
         False, description="restart the worker in the same job at its lifetime (not for walltime)"
     )
     python: str | None = Field(None, description="python on the compute nodes")
-    death_timeout: Duration = 60.0
     job_name: str = Field("clusterkit", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
 
     def worker_shapes(self) -> list[tuple[int, int, float]]:

@@ -134,6 +134,9 @@ class ClusterProfile(ProfileCommon):
     scheduler: SchedulerSpec = SchedulerSpec()
     adapt: AdaptSpec | None = None
     idle_timeout: Duration | None = Field(None, description="close the cluster when idle this long")
+    death_timeout: Duration = Field(
+        60.0, description="a worker that cannot reach its scheduler this long exits"
+    )
     preload: list[str] = Field(default_factory=list, description="modules every worker preloads")
     ucx: UCXSpec = UCXSpec()
 

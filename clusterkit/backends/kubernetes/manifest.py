@@ -89,6 +89,8 @@ def worker_args(
         "--dashboard",
         "--dashboard-address",
         str(WORKER_DASHBOARD_PORT),
+        "--death-timeout",
+        f"{profile.death_timeout:g}s",
     ]
     if spec.memory != "auto":
         args += ["--memory-limit", str(spec.memory)]

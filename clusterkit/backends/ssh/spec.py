@@ -149,6 +149,7 @@ def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) ->
         "nthreads": profile.worker.threads,
         "memory_limit": profile.worker.memory,
         "protocol": security.scheme,
+        "death_timeout": profile.death_timeout,
     }
     if profile.interface:
         opts["interface"] = profile.interface
