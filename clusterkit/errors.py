@@ -83,6 +83,10 @@ class ClusterNotFound(BadInput):
     """A verb on a name that is not up."""
 
 
+class StateError(ClusterkitError):
+    """The state directory cannot be written (read-only, full, permissions)."""
+
+
 class ClusterStartError(ClusterkitError):
     """Workers or scheduler did not come up. Carries the component and the evidence."""
 

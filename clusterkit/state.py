@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterkit.errors import ClusterExists
+from clusterkit.errors import ClusterExists, StateError
 
 
 def state_dir() -> Path:
@@ -29,11 +29,30 @@ def state_dir() -> Path:
         from platformdirs import user_state_path
 
         path = user_state_path("clusterkit", appauthor=False)
-    clusters = path / "clusters"
-    clusters.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for directory in (path, clusters):
-        os.chmod(directory, 0o700)
+    with writable(path):
+        for directory in (path, path / "clusters"):
+            _private_dir(directory)
     return path
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` 0700 if missing; tighten it if it is not (a read-only one is left)."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o777 != 0o700:
+        os.chmod(path, 0o700)
+
+
+@contextlib.contextmanager
+def writable(path: Path) -> Iterator[None]:
+    """Turn an OS error on the state directory into one line that names it and the fix."""
+    try:
+        yield
+    except OSError as error:
+        raise StateError(
+            f"state directory {path}: {error.strerror or error}",
+            hint="free space or permissions there, or set CLUSTERKIT_STATE_DIR elsewhere",
+        ) from None
 
 
 def clusters_dir() -> Path:
@@ -43,8 +62,8 @@ def clusters_dir() -> Path:
 def cluster_dir(name: str) -> Path:
     """The private directory of one cluster: certificates, logs, control socket."""
     path = clusters_dir() / name
-    path.mkdir(exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    with writable(path):
+        _private_dir(path)
     return path
 
 
@@ -91,12 +110,16 @@ def write_record(record: ClusterRecord) -> Path:
     """Write atomically (temp file + rename), mode 0600."""
     path = record_path(record.name)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(record.to_json())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with writable(path):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(record.to_json())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave a torn temp file behind
     return path
 
 
@@ -184,7 +207,8 @@ def records() -> list[ClusterRecord]:
 def lock(name: str, wait: bool = True) -> Iterator[bool]:
     """An exclusive lock on one cluster name (held while `up` or `down` runs)."""
     path = clusters_dir() / f"{name}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    with writable(path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
