@@ -21,7 +21,18 @@ from collections.abc import Iterator
 
 import pytest
 
-TIERS = ("unit", "local", "ssh", "slurm", "pbs", "kubernetes", "chart", "terraform", "gpu")
+TIERS = (
+    "unit",
+    "local",
+    "ssh",
+    "slurm",
+    "pbs",
+    "kubernetes",
+    "chart",
+    "terraform",
+    "chaos",
+    "gpu",
+)
 TOKEN_VAR = "CLUSTERKIT_TEST_TOKEN"
 _TOKEN = os.environ.setdefault(TOKEN_VAR, uuid.uuid4().hex)
 
