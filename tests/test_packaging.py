@@ -108,9 +108,8 @@ def test_installed_wheel_runs_from_an_empty_directory(dists: dict[str, Path]) ->
     empty, home = base / "empty", base / "home"
     empty.mkdir()
     home.mkdir()
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CLUSTERKIT_", "VIRTUAL"))
-    }
+    inherited = ("PYTHON", "CLUSTERKIT_", "VIRTUAL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
     env.update(
         HOME=str(home),
         PATH=f"{venv / 'bin'}:/usr/bin:/bin",
