@@ -202,6 +202,7 @@ def test_submit_status_cancel_command_lines(pbs_bin: Path, tmp_path: Path) -> No
         script = (pbs_bin / "1.sh").read_text()
         normal = re.sub(r"tcp://127\.0\.0\.1:\d+", "tcp://<scheduler-address>:8786", script)
         normal = re.sub(r"--name pb-\d+", "--name <worker-name>", normal)
+        normal = normal.replace(cluster.job_name, f"ck-{profile.name}-<id>")  # the cluster's tag
         assert normal == rendered
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)

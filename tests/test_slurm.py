@@ -208,6 +208,7 @@ def test_render_matches_the_submitted_script(slurm: S.Slurm, tmp_path: Path) -> 
         )
         actual = re.sub(r"<scheduler-address>:\d+", "<scheduler-address>:8786", actual)
         actual = actual.replace("--name dummy-name", "--name <worker-name>")
+        actual = actual.replace(cluster.job_name, f"ck-{profile.name}-<id>")  # the cluster's tag
         assert actual == rendered
         assert "export A='b c'" in rendered
     finally:
@@ -374,7 +375,7 @@ def test_ddp_two_ranks_in_two_jobs(slurm: S.Slurm, tmp_path: Path) -> None:
 
 def test_bundled_slurm_gpu_profile_renders() -> None:
     script = api.render("slurm-gpu")
-    assert "#SBATCH --gres=gpu:2" in script and "#SBATCH -J clusterkit" in script
+    assert "#SBATCH --gres=gpu:2" in script and "#SBATCH -J ck-slurm-gpu-<id>" in script
     assert "--resources GPU=1" in script and "--enable-infiniband" in script
     assert "~" not in script.split("\n#SBATCH -p")[0], "log paths must be expanded"
 
@@ -411,3 +412,24 @@ def test_job_that_dies_gives_its_stderr(slurm: S.Slurm, tmp_path: Path) -> None:
         api.up(path)
     text = "\n".join(caught.value.evidence)
     assert "/nonexistent/bin/python" in text and "No such file" in text, text
+
+
+def test_killed_supervisor_leaves_jobs_named_for_the_cluster_that_down_cancels(
+    slurm: S.Slurm, tmp_path: Path
+) -> None:
+    import signal
+
+    import psutil
+
+    from clusterkit import state
+
+    record = api.up(profile_file(tmp_path, "orphan-jobs", workers=1))
+    assert record.extra["job_name"].startswith("ck-orphan-jobs-")
+    os.kill(record.pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(record.pid)], timeout=10)
+    queued = slurm.run("squeue", "-h", "-o", "%i %j").stdout.split("\n")
+    queued = [line for line in queued if line.strip()]
+    assert queued and all(record.extra["job_name"] in line for line in queued), queued
+    api.down(record.name)
+    assert slurm.queue() == [], "down left the dead cluster's jobs in the queue"
+    assert state.load_record(record.name) is None

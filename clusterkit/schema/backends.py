@@ -126,7 +126,11 @@ class JobQueueProfile(ClusterProfile):
         False, description="restart the worker in the same job at its lifetime (not for walltime)"
     )
     python: str | None = Field(None, description="python on the compute nodes")
-    job_name: str = Field("clusterkit", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    job_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$",
+        description="how jobs show in the queue; default ck-<cluster name>-<id>",
+    )
 
     def worker_shapes(self) -> list[tuple[int, int, float]]:
         # each worker gets cores/processes threads, whatever worker.threads says

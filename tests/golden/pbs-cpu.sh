@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-#PBS -N clusterkit
+#PBS -N ck-pbs-cpu-<id>
 #PBS -q workq
 #PBS -A proj42
 #PBS -l select=1:ncpus=8:mem=32GB

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-#PBS -N clusterkit
+#PBS -N ck-pbs-gpu-<id>
 #PBS -q gpuq
 #PBS -l select=1:ncpus=16:mem=128GB:ngpus=2
 #PBS -l walltime=04:00:00

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 
-#SBATCH -J clusterkit
-#SBATCH -e /shared/logs/dask/clusterkit-%J.err
-#SBATCH -o /shared/logs/dask/clusterkit-%J.out
+#SBATCH -J ck-slurm-cpu-<id>
+#SBATCH -e /shared/logs/dask/ck-slurm-cpu-<id>-%J.err
+#SBATCH -o /shared/logs/dask/ck-slurm-cpu-<id>-%J.out
 #SBATCH -p batch
 #SBATCH -A proj42
 #SBATCH -n 1

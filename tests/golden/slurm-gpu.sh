@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-#SBATCH -J clusterkit
+#SBATCH -J ck-slurm-gpu-<id>
 #SBATCH -p gpu
 #SBATCH -A proj42
 #SBATCH -n 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-#SBATCH -J clusterkit
+#SBATCH -J ck-slurm-gpus-per-task-<id>
 #SBATCH -p gpu
 #SBATCH -n 1
 #SBATCH --cpus-per-task=8

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from clusterkit.backends.base import Backend, Capability, Check, Requirement, StatusRow
-from clusterkit.backends.jobqueue.batch import QUEUES, JobInfo, PBSQueue, SlurmQueue, tail
+from clusterkit.backends.jobqueue.batch import (
+    QUEUES,
+    JobInfo,
+    PBSQueue,
+    SlurmQueue,
+    cancel_and_wait,
+    tail,
+)
 from clusterkit.backends.jobqueue.jobs import (
     ADDRESS_PLACEHOLDER,
     WORKER_NAME_PLACEHOLDER,
@@ -16,7 +23,7 @@ from clusterkit.backends.jobqueue.jobs import (
     job_kwargs,
     scheduler_options,
 )
-from clusterkit.errors import ClusterStartError
+from clusterkit.errors import ClusterkitError, ClusterStartError
 from clusterkit.schema import PBSProfile, SLURMProfile
 from clusterkit.units import walltime_seconds
 
@@ -25,8 +32,16 @@ if TYPE_CHECKING:
 
     from clusterkit.schema import JobQueueProfile
     from clusterkit.security import ClusterSecurity
+    from clusterkit.state import ClusterRecord
 
 logger = logging.getLogger(__name__)
+
+
+def _unique() -> str:
+    """A short id that tells two clusters of the same name apart in the queue."""
+    import uuid
+
+    return uuid.uuid4().hex[:4]
 
 
 class JobQueueBackend(Backend):
@@ -38,6 +53,7 @@ class JobQueueBackend(Backend):
     )
     REQUIRES = (Requirement("dask_jobqueue", "dask-jobqueue", "jobqueue"),)
     QUEUE: ClassVar[SlurmQueue | PBSQueue]
+    JOB_NAME_LIMIT: ClassVar[int]
     #: glob of a job's stderr log in the log directory
     LOG_PATTERN: ClassVar[str]
 
@@ -53,17 +69,26 @@ class JobQueueBackend(Backend):
         """Batch directives that ask for the workers' GPUs."""
         return []
 
-    def job_options(self, profile: JobQueueProfile, security: ClusterSecurity) -> dict[str, Any]:
+    def job_options(
+        self, profile: JobQueueProfile, security: ClusterSecurity, job_name: str
+    ) -> dict[str, Any]:
         """Keyword arguments of dask-jobqueue's Job (and Cluster) for this profile."""
-        return job_kwargs(profile, security, self.gpu_directives(profile))
+        return job_kwargs(profile, security, self.gpu_directives(profile), job_name)
 
-    def log_guess(self, profile: JobQueueProfile, job_id: str) -> str | None:
+    def job_name(self, profile: JobQueueProfile, name: str, unique: str) -> str:
+        """``ck-NAME-ID`` (the profile's own name if it sets one), within the system's limit."""
+        if profile.job_name:
+            return profile.job_name
+        room = self.JOB_NAME_LIMIT - len("ck--") - len(unique)
+        return f"ck-{name[:room]}-{unique}"
+
+    def log_guess(self, profile: JobQueueProfile, job_name: str, job_id: str) -> str | None:
         """Where a job's stderr goes, once the queue forgot the job."""
         return None
 
     def render(self, profile: JobQueueProfile, security: ClusterSecurity) -> str:
         """The job script each job runs, with the scheduler address left as a placeholder."""
-        kwargs = self.job_options(profile, security)
+        kwargs = self.job_options(profile, security, self.job_name(profile, profile.name, "<id>"))
         if kwargs["log_directory"] is not None:
             kwargs["log_directory"] = UnmadeDirectory(kwargs["log_directory"])
         port = profile.scheduler.port or 8786
@@ -80,7 +105,7 @@ class JobQueueBackend(Backend):
         A job script the batch system rejects raises ClusterStartError with its stderr; the
         scheduler is closed first.
         """
-        kwargs = self.job_options(profile, security)
+        kwargs = self.job_options(profile, security, self.job_name(profile, name, _unique()))
         interface, protocol, sec = (kwargs.pop(k) for k in ("interface", "protocol", "security"))
         try:
             cluster = self.cluster_class()(
@@ -103,6 +128,20 @@ class JobQueueBackend(Backend):
             cluster.close()
             raise
         return cluster
+
+    def record_extra(self, cluster: Any, profile: JobQueueProfile) -> dict[str, Any]:
+        return {"job_name": cluster.job_name}
+
+    def teardown(self, record: ClusterRecord) -> None:
+        """Cancel every job carrying the cluster's job name (a dead supervisor's jobs)."""
+        job_name = (record.extra or {}).get("job_name")
+        if job_name:
+            left = cancel_and_wait(self.QUEUE, self.QUEUE.named(job_name), timeout=30)
+            if left:
+                raise ClusterkitError(
+                    f"jobs {', '.join(left)} of '{record.name}' are still in the queue",
+                    hint=f"cancel them by hand ({self.QUEUE.cancel_command} ...)",
+                )
 
     def describe(self, cluster: Any, profile: JobQueueProfile) -> list[StatusRow]:
         """One row per job: the batch system's state and, for pending jobs, its reason."""
@@ -139,7 +178,8 @@ class JobQueueBackend(Backend):
                 why = f" (reason: {info.reason})" if info.reason else ""
                 lines.append(f"job {job_id}: {info.state}{why}")
             path = self.QUEUE.stderr_path(job_id) or (info.stderr_path if info else None)
-            lines.extend(f"  {line}" for line in tail(path or self.log_guess(profile, job_id)))
+            guess = self.log_guess(profile, cluster.job_name, job_id)
+            lines.extend(f"  {line}" for line in tail(path or guess))
         if not any(line.startswith("  ") for line in lines):
             # jobs that died are replaced: the newest log of an earlier job says why
             newest = self.newest_log(profile)
@@ -153,7 +193,7 @@ class JobQueueBackend(Backend):
         if not profile.log_directory:
             return None
         directory = Path(os.path.expanduser(profile.log_directory))
-        pattern = self.LOG_PATTERN.format(job_name=profile.job_name)
+        pattern = self.LOG_PATTERN.format(job_name=profile.job_name or "ck-*")
         found = directory.glob(pattern) if directory.is_dir() else iter(())
         logs = [p for p in found if p.stat().st_size]
         return str(max(logs, key=lambda p: p.stat().st_mtime)) if logs else None
@@ -169,6 +209,7 @@ class SLURMBackend(JobQueueBackend):
 
     NAME = "slurm"
     Profile = SLURMProfile
+    JOB_NAME_LIMIT = 64
     QUEUE = QUEUES["slurm"]
     LOG_PATTERN = "*.err"
 
@@ -190,11 +231,11 @@ class SLURMBackend(JobQueueBackend):
             return [f"--gpus-per-task={gpus}"]  # jobqueue's jobs are one task
         return [f"--gres=gpu:{gpus}"]
 
-    def log_guess(self, profile: JobQueueProfile, job_id: str) -> str | None:
+    def log_guess(self, profile: JobQueueProfile, job_name: str, job_id: str) -> str | None:
         if not profile.log_directory:  # "#SBATCH -e {dir}/{job_name}-%J.err"
             return None
         directory = os.path.expanduser(profile.log_directory)
-        return os.path.join(directory, f"{profile.job_name}-{job_id}.err")
+        return os.path.join(directory, f"{job_name}-{job_id}.err")
 
 
 class PBSBackend(JobQueueBackend):
@@ -202,6 +243,7 @@ class PBSBackend(JobQueueBackend):
 
     NAME = "pbs"
     Profile = PBSProfile
+    JOB_NAME_LIMIT = 15  # Torque and older PBS; PBS Pro allows more
     QUEUE = QUEUES["pbs"]
     LOG_PATTERN = "{job_name}.e*"
 
@@ -215,10 +257,12 @@ class PBSBackend(JobQueueBackend):
 
         return ClusterkitPBSCluster
 
-    def job_options(self, profile: JobQueueProfile, security: ClusterSecurity) -> dict[str, Any]:
+    def job_options(
+        self, profile: JobQueueProfile, security: ClusterSecurity, job_name: str
+    ) -> dict[str, Any]:
         from dask_jobqueue.pbs import pbs_format_bytes_ceil
 
-        kwargs = super().job_options(profile, security)
+        kwargs = super().job_options(profile, security, job_name)
         hours, seconds = divmod(walltime_seconds(profile.walltime), 3600)
         kwargs["walltime"] = f"{hours:02d}:{seconds // 60:02d}:{seconds % 60:02d}"  # no days
         spec = getattr(profile, "resource_spec", None)
@@ -229,11 +273,11 @@ class PBSBackend(JobQueueBackend):
         kwargs["resource_spec"] = spec
         return kwargs
 
-    def log_guess(self, profile: JobQueueProfile, job_id: str) -> str | None:
+    def log_guess(self, profile: JobQueueProfile, job_name: str, job_id: str) -> str | None:
         if not profile.log_directory:
             return None
         directory = os.path.expanduser(profile.log_directory)
-        return os.path.join(directory, f"{profile.job_name}.e{job_id}")  # PBS's default name
+        return os.path.join(directory, f"{job_name}.e{job_id}")  # PBS's default name
 
 
 def submit(cluster: Any, workers: int) -> None:

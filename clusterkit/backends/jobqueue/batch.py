@@ -41,6 +41,12 @@ class SlurmQueue:
     """squeue / scontrol / scancel."""
 
     system = "slurm"
+    cancel_command = "scancel"
+
+    def named(self, job_name: str) -> list[str]:
+        """Ids of this user's jobs with that name."""
+        done = _run(["squeue", "-h", "--me", "--name", job_name, "-o", "%i"])
+        return done.stdout.split() if done is not None and done.returncode == 0 else []
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
         """Jobs still known to squeue (pending, running, completing), by id."""
@@ -82,6 +88,14 @@ class PBSQueue:
     """qstat / qdel (PBS Pro, OpenPBS, Torque: `qstat -f` blocks of `key = value`)."""
 
     system = "pbs"
+    cancel_command = "qdel"
+
+    def named(self, job_name: str) -> list[str]:
+        """Ids of this user's jobs with that name."""
+        import getpass
+
+        done = _run(["qselect", "-N", job_name, "-u", getpass.getuser()])
+        return done.stdout.split() if done is not None and done.returncode == 0 else []
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
         found: dict[str, JobInfo] = {}

@@ -95,7 +95,7 @@ def _prologue(profile: JobQueueProfile, security: ClusterSecurity) -> list[str]:
 
 
 def job_kwargs(
-    profile: JobQueueProfile, security: ClusterSecurity, directives: list[str]
+    profile: JobQueueProfile, security: ClusterSecurity, directives: list[str], job_name: str
 ) -> dict[str, Any]:
     """Keyword arguments of dask-jobqueue's Job (and Cluster) for this profile."""
     kwargs: dict[str, Any] = {
@@ -105,7 +105,7 @@ def job_kwargs(
         "queue": profile.queue,
         "account": profile.account,
         "walltime": profile.walltime,
-        "job_name": profile.job_name,
+        "job_name": job_name,
         "job_extra_directives": [*directives, *profile.job_extra],
         "job_script_prologue": _prologue(profile, security),
         "worker_command": GPU_WORKER if profile.worker.gpus else CPU_WORKER,
