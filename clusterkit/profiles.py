@@ -71,10 +71,19 @@ def find(ref: str | os.PathLike[str]) -> Path:
             candidate = directory / f"{text}{suffix}"
             if candidate.is_file():
                 return candidate
-    known = sorted(discover())
-    close = difflib.get_close_matches(text, known, n=1)
-    hint = f"did you mean '{close[0]}'?" if close else "see `clusterkit profiles list`"
+    close = closest_name(text, sorted(discover()))
+    hint = f"did you mean '{close}'?" if close else "see `clusterkit profiles list`"
     raise ProfileNotFound(f"no profile named '{text}'", hint=hint)
+
+
+def closest_name(name: str, known: list[str]) -> str | None:
+    """The known profile nearest to ``name``: the same words reordered, else a close spelling."""
+    words = sorted(re.split(r"[-_.]", name.lower()))
+    for candidate in known:
+        if sorted(re.split(r"[-_.]", candidate.lower())) == words:
+            return candidate  # gpu-slurm -> slurm-gpu
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 # ------------------------------------------------------------------ extends, ${ENV}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any, NoReturn
 
 import typer
 
@@ -75,9 +76,33 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
     except Exception as error:  # click usage errors and friends
-        import click
+        if not _is_click_error(error) or os.environ.get("CLUSTERKIT_DEBUG"):
+            raise
+        _exit_on_click_error(error)
 
-        if isinstance(error, click.ClickException):
-            error.show()
-            sys.exit(2 if isinstance(error, click.UsageError) else 1)
-        raise
+
+def _is_click_error(error: BaseException) -> bool:
+    """A click exception, whether from click or the copy typer bundles (``typer._click``).
+
+    typer vendors click, so ``click.ClickException`` does not match what typer raises; both
+    share the interface used here.
+    """
+    return callable(getattr(error, "format_message", None)) and isinstance(
+        getattr(error, "exit_code", None), int
+    )
+
+
+def _exit_on_click_error(error: Any) -> NoReturn:
+    """One line, ``error: ...`` naming the command and where its help is; click's exit code.
+
+    A group called without a command prints its help (stdout, exit 0) rather than an error.
+    """
+    ctx = getattr(error, "ctx", None)
+    if any(cls.__name__ == "NoArgsIsHelpError" for cls in type(error).__mro__):
+        typer.echo(error.format_message())
+        sys.exit(0)
+    text = " ".join(str(error.format_message()).split())
+    if ctx is not None:
+        text += f" (see '{ctx.command_path} --help')"
+    sys.stderr.write(f"error: {text}\n")
+    sys.exit(error.exit_code)

@@ -67,5 +67,6 @@ def train(
 def register(app: typer.Typer) -> None:
     app.command(
         "train",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        # only what follows `--` goes to the script: a mistyped option before it is an error
+        context_settings={"allow_extra_args": True},
     )(train)
