@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from clusterkit.schema import ProfileCommon
 
 DOWN_TIMEOUT = 30.0
-DEAD = "dead: supervisor gone (`clusterkit down NAME` removes what is left)"
+DEAD = "dead: its supervisor or owner is gone (`clusterkit down NAME` removes what is left)"
 
 
 def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
@@ -212,11 +212,15 @@ def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[
     return names
 
 
-def list_clusters() -> list[dict[str, Any]]:
+def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
     """Clusters with worker and GPU counts; dead and unreadable ones are listed, not hidden."""
     rows = []
     for record in state.records():
+        if orphans and state.is_live(record):
+            continue
         info = _summary(record) if state.is_live(record) else {"state": DEAD}
+        if record.owner is not None and info.get("state") == "up":
+            info["state"] = f"up (embedded in pid {record.owner})"
         rows.append(
             {
                 "name": record.name,

@@ -145,6 +145,7 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
         raise
     _own(client, started, directory)
     if Capability.REMOTE in backend.CAPABILITIES:
+        _record_embedded(client, started)
         logger.warning(
             "started an embedded %s cluster '%s' (%d workers); it ends with this process. "
             "`clusterkit up %s` keeps one running that get_client('%s') attaches to",
@@ -171,6 +172,18 @@ def _own(client: Client, started: Any, directory: Path | None) -> None:
     weakref.finalize(client, _close_quietly, started)
     if directory is not None:
         weakref.finalize(client, _remove_tree, directory)
+
+
+def _record_embedded(client: Client, started: Any) -> None:
+    """A record for an embedded cluster on other machines: if this process dies without
+    closing it, `clusterkit ls --orphans` finds its jobs, pods or processes and `down` ends
+    them. It goes when the client does."""
+    from clusterkit import state
+
+    record = started.record(pid=None)
+    record.owner = os.getpid()
+    state.write_record(record)
+    weakref.finalize(client, state.remove_cluster, record.name)
 
 
 def _close_quietly(started: Any) -> None:

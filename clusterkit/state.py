@@ -90,6 +90,7 @@ class ClusterRecord:
     min_workers: int
     started_at: float = field(default_factory=time.time)
     control: str | None = None  # supervisor's control socket
+    owner: int | None = None  # the process an embedded cluster lives and dies with
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (k8s name, ...)
 
     def to_json(self) -> str:
@@ -193,7 +194,10 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def is_live(record: ClusterRecord) -> bool:
-    """A supervised record is live while its supervisor runs; a detached one until `down`."""
+    """A supervised record is live while its supervisor runs, an embedded one while its owner
+    runs, a detached one until `down`."""
+    if record.owner is not None:
+        return pid_alive(record.owner)
     return record.pid is None or pid_alive(record.pid)
 
 

@@ -410,3 +410,37 @@ def test_remote_workers_stop_by_themselves_when_their_scheduler_is_gone(lab: Lab
     assert left == {}, f"remote workers still running {took:.0f}s after their scheduler: {left}"
     print(f"remote workers stopped {took:.1f}s after their scheduler (death_timeout 5s)")
     api.down(name)
+
+
+EMBEDDING = textwrap.dedent("""
+    import json, sys, time
+    from clusterkit.client import get_client
+    from clusterkit.schema import SSHProfile
+    profile = SSHProfile.model_validate(json.loads(sys.argv[1])).named(sys.argv[2])
+    client = get_client(profile)
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_killed_notebook_leaves_an_orphan_that_ls_finds_and_down_ends(lab: Lab) -> None:
+    from clusterkit import api, state
+
+    name = f"nb-{uuid.uuid4().hex[:6]}"
+    data = lab.profile(name).model_dump(mode="json")
+    owner = subprocess.Popen([sys.executable, "-c", EMBEDDING, json.dumps(data), name],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "ready"
+        (embedded,) = [r for r in state.records() if r.name.startswith(name)]
+        assert embedded.owner == owner.pid and api.list_clusters(orphans=True) == []
+    finally:
+        owner.kill()  # as a kernel dies: nothing closes the cluster
+        owner.wait()
+    assert S.remote_processes([lab.server]), "the embedded cluster's remote processes run on"
+    orphans = subprocess.run([sys.executable, "-m", "clusterkit", "ls", "--orphans", "--json"],
+                             capture_output=True, text=True, timeout=60)
+    assert [row["name"] for row in json.loads(orphans.stdout)] == [embedded.name]
+    api.down(embedded.name)
+    assert S.wait_no_remote_processes([lab.server]) == {}
+    assert state.records() == []

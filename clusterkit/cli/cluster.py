@@ -78,11 +78,14 @@ def ls(
     kubernetes: bool = typer.Option(
         False, "--kubernetes", help="Also list the DaskClusters the kubeconfig can see."
     ),
+    orphans: bool = typer.Option(
+        False, "--orphans", help="Only dead clusters: a supervisor or embedding process gone."
+    ),
 ) -> None:
     """Clusters that are up; dead and unreadable ones are listed so that `down` can end them."""
     from clusterkit import api, console
 
-    rows = api.list_clusters()
+    rows = api.list_clusters(orphans=orphans)
     if kubernetes:
         resources = api.list_resources("kubernetes")
         if json_:
