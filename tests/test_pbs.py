@@ -247,4 +247,4 @@ def test_bundled_pbs_gpu_profile_renders() -> None:
 
     script = api.render("pbs-gpu")
     assert "#PBS -l select=1:ncpus=16:mem=128GB:ngpus=2" in script
-    assert "-m dask_cuda.cli worker tcp://<scheduler-address>:8786" in script
+    assert "-m dask_cuda.cli tcp://<scheduler-address>:8786" in script

@@ -153,7 +153,7 @@ def test_render_is_pure_and_shows_gpu_worker(tmp_path: Path) -> None:
     script = SLURM.render(profile, ClusterSecurity())
     assert not logs.exists(), "render must not create the log directory"
     assert "#SBATCH --gres=gpu:2" in script
-    assert "-m dask_cuda.cli worker tcp://<scheduler-address>:8786" in script
+    assert "-m dask_cuda.cli tcp://<scheduler-address>:8786" in script
     assert "--resources GPU=1" in script and "--nanny" not in script
     lifetime, _ = lifetime_plan(profile)
     assert f"DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION={int(lifetime)}s" in script

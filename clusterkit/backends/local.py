@@ -168,7 +168,6 @@ class LocalCUDABackend(Backend):
             rmm_managed_memory=profile.rmm_managed_memory,
             rmm_async=profile.rmm_async,
             enable_cudf_spill=profile.enable_cudf_spill,
-            jit_unspill=profile.jit_unspill,
             **ucx_flags(profile),
         )
         if profile.device_memory_limit is not None:

@@ -42,7 +42,6 @@ class LocalCUDAProfile(ClusterProfile):
         None, description="spill to host above this (bytes, or a fraction of the device)"
     )
     enable_cudf_spill: bool = False
-    jit_unspill: bool = False
 
     @property
     def min_workers(self) -> int:

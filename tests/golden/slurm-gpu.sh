@@ -11,4 +11,4 @@
 module load cuda/12.4
 export DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION=85800s
 export DASK_DISTRIBUTED__WORKER__LIFETIME__STAGGER=300s
-/opt/venv/bin/python -m dask_cuda.cli worker tcp://<scheduler-address>:8786 --name <worker-name> --nthreads 8 --memory-limit 64.00GiB --death-timeout 60 --resources GPU=1 --interface ib0 --protocol tcp://
+/opt/venv/bin/python -m dask_cuda.cli tcp://<scheduler-address>:8786 --name <worker-name> --nthreads 8 --memory-limit 64.00GiB --death-timeout 60 --resources GPU=1 --interface ib0 --protocol tcp://

@@ -9,4 +9,4 @@
 #SBATCH --gpus-per-task=1
 export DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION=13800s
 export DASK_DISTRIBUTED__WORKER__LIFETIME__STAGGER=300s
-/opt/venv/bin/python -m dask_cuda.cli worker tcp://<scheduler-address>:8786 --name <worker-name> --nthreads 8 --memory-limit 64.00GiB --death-timeout 60 --resources GPU=1 --protocol tcp://
+/opt/venv/bin/python -m dask_cuda.cli tcp://<scheduler-address>:8786 --name <worker-name> --nthreads 8 --memory-limit 64.00GiB --death-timeout 60 --resources GPU=1 --protocol tcp://

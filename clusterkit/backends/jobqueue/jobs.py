@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from clusterkit.security import ClusterSecurity
 
 CPU_WORKER = "distributed.cli.dask_worker"
-GPU_WORKER = "dask_cuda.cli worker"
+GPU_WORKER = "dask_cuda.cli"  # `python -m dask_cuda.cli` is the worker command itself
 #: Scheduler address shown by ``render`` (the real one exists only once the scheduler runs).
 ADDRESS_PLACEHOLDER = "<scheduler-address>"
 WORKER_NAME_PLACEHOLDER = "<worker-name>"
