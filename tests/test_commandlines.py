@@ -1,0 +1,470 @@
+"""Every command line clusterkit hands to another program is parsed by that program.
+
+Golden files catch change, not wrongness. Here each command clusterkit would run (from
+``clusterkit.api.render``, what ``up`` runs, and from ``helm template`` of the chart) goes to its
+own program's parser without starting it: distributed's and dask-cuda's click commands (the
+``dask`` CLI with its entry points for manifests), the keyword signatures of the classes that
+SSH specs and local clusters instantiate (following ``**kwargs`` down the chain they are
+forwarded along), dask's config for ``DASK_*`` exports, and ``sbatch --test-only`` on the real
+SLURM. No GPU is needed: parsing never starts a worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import shlex
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from clusterkit.api import render
+
+pytestmark = pytest.mark.unit
+
+#: Set per test (autouse fixture): where TLS file stand-ins go.
+TLS_STAND_INS = Path()
+
+
+@pytest.fixture(autouse=True)
+def tls_stand_ins(tmp_path: Path) -> None:
+    global TLS_STAND_INS
+    TLS_STAND_INS = tmp_path / "tls"
+    TLS_STAND_INS.mkdir()
+
+
+# ------------------------------------------------------------------ the programs' own parsers
+
+
+def dask_cli() -> click.Group:
+    """The `dask` command as installed: dask's group plus every `dask_cli` entry point."""
+    import dask.cli
+
+    group = click.Group("dask", commands=dict(dask.cli.cli.commands))
+    for entry in entry_points(group="dask_cli"):
+        dask.cli._register_command_ep(group, entry)
+    return group
+
+
+def python_module_command(module: str) -> click.Command:
+    """What `python -m MODULE` runs: the click command its ``__main__`` block calls."""
+    commands = {
+        "distributed.cli.dask_worker": "distributed.cli.dask_worker:main",
+        "distributed.cli.dask_scheduler": "distributed.cli.dask_scheduler:main",
+        "distributed.cli.dask_spec": "distributed.cli.dask_spec:main",
+        "dask_cuda.cli": "dask_cuda.cli:worker",  # its __main__ calls worker(), not the group
+    }
+    assert module in commands, f"python -m {module}: no parser known for this module"
+    source = Path(importlib.import_module(module).__file__ or "").read_text()
+    call = commands[module].split(":")[1]
+    assert f'if __name__ == "__main__":\n    {call}()' in source, f"{module} runs {call}()?"
+    path, name = commands[module].split(":")
+    command: click.Command = getattr(importlib.import_module(path), name)
+    return command
+
+
+TLS_FLAGS = ("--tls-ca-file", "--tls-cert", "--tls-key")
+
+
+def with_tls_files(args: list[str], directory: Path) -> list[str]:
+    """TLS paths exist on the worker, not here: point them at empty files of the same name.
+
+    The parsers check that these files exist (click.Path(exists=True)).
+    """
+    out = list(args)
+    for i, arg in enumerate(out[:-1]):
+        if arg in TLS_FLAGS:
+            stand_in = directory / Path(out[i + 1]).name
+            stand_in.touch()
+            out[i + 1] = str(stand_in)
+    return out
+
+
+def parse(command: click.Command, args: list[str], name: str) -> click.Context:
+    """Parse ``args`` as ``command`` would (subcommands resolved), without invoking it."""
+    if isinstance(command, click.Group):
+        sub = command.get_command(click.Context(command), args[0])
+        assert sub is not None, f"{name}: no subcommand {args[0]!r}"
+        return parse(sub, args[1:], f"{name} {args[0]}")
+    try:
+        return command.make_context(name, with_tls_files(args, TLS_STAND_INS))
+    except click.ClickException as error:
+        pytest.fail(f"{name} refuses {shlex.join(args)}: {error.format_message()}")
+
+
+def parse_python(argv: list[str]) -> tuple[str, click.Context]:
+    """``[env VAR=.. ...] PYTHON -m MODULE ARGS``: the module's parser on ARGS."""
+    if argv[0] == "env":
+        argv = argv[1:]
+        while "=" in argv[0]:
+            argv = argv[1:]
+    assert argv[1] == "-m", argv
+    module = argv[2]
+    return module, parse(python_module_command(module), argv[3:], f"python -m {module}")
+
+
+def accepted_keywords(*chain: type) -> set[str]:
+    """Keywords a class takes, following its ``**kwargs`` down the classes it forwards them to."""
+    names: set[str] = set()
+    for cls in chain:
+        params = inspect.signature(cls).parameters.values()
+        names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return names
+    raise AssertionError(f"{chain[-1].__name__} takes **kwargs: follow it further")
+
+
+def forwarding_chain(class_path: str) -> tuple[type, ...]:
+    """The classes a spec's ``cls`` passes unknown keywords along (read from their source)."""
+    import dask_cuda
+    import distributed
+    from distributed.core import Server
+
+    worker = (distributed.Nanny, distributed.Worker, Server)
+    chains = {
+        "distributed.Scheduler": (distributed.Scheduler, Server),
+        "distributed.Nanny": worker,
+        "distributed.Worker": (distributed.Worker, Server),
+        "dask_cuda.CUDAWorker": (dask_cuda.CUDAWorker, *worker),
+        "distributed.LocalCluster": (distributed.LocalCluster, *worker),
+        "dask_cuda.LocalCUDACluster": (
+            dask_cuda.LocalCUDACluster,
+            distributed.LocalCluster,
+            *worker,
+        ),
+    }
+    return chains[class_path]
+
+
+def dask_config_key(variable: str) -> tuple[str, ...] | None:
+    """The dask config path a ``DASK_*`` variable sets, if that key exists in dask's config."""
+    import dask.config
+    import distributed  # noqa: F401 - loads distributed's config defaults
+
+    collected = dask.config.collect_env({variable: "1"})
+    path: list[str] = []
+    node: Any = collected
+    known: Any = dask.config.config
+    while isinstance(node, dict):
+        (key,) = node
+        if not isinstance(known, dict) or key not in known:
+            return None
+        path.append(key)
+        node, known = node[key], known[key]
+    return tuple(path)
+
+
+# ------------------------------------------------------------------ profiles to render
+
+
+def rendered(tmp_path: Path, name: str, data: dict[str, Any]) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return render(path)
+
+
+UCX_FAST = {"protocol": "ucx", "ucx": {"nvlink": True, "infiniband": True, "rdmacm": True}}
+#: Options that change a worker command; each is tried with and without GPUs.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "tcp": {},
+    "tls": {"protocol": "tls"},
+    "ucx": {"protocol": "ucx"},
+    "ucx-nvlink-ib": UCX_FAST,
+    "interface": {"interface": "lo"},
+    "resources": {"worker": {"resources": {"MEM": 2}}, "preload": ["json"]},
+    "lifetime": {"lifetime": "20m", "lifetime_stagger": "1m", "lifetime_restart": True},
+}
+JOBQUEUE_BASE = {"cores": 2, "memory": "2GiB", "walltime": "00:30:00", "queue": "debug"}
+
+
+def jobqueue_profile(backend: str, variant: str, gpus: int) -> dict[str, Any]:
+    data = {"backend": backend, **JOBQUEUE_BASE, **VARIANTS[variant]}
+    worker = {**data.get("worker", {}), "gpus": gpus}
+    return {**data, "worker": worker}
+
+
+JOBQUEUE_CASES = [
+    (backend, variant, gpus)
+    for backend in ("slurm", "pbs")
+    for variant in VARIANTS
+    for gpus in (0, 1)
+]
+
+
+def case_id(case: tuple[Any, ...]) -> str:
+    return "-".join(str(part) for part in case)
+
+
+def worker_line(script: str) -> list[str]:
+    """The job's worker command; render's "<cluster dir>" becomes a real directory, as in `up`."""
+    line = script.strip().splitlines()[-1]
+    return shlex.split(line.replace("<cluster dir>", str(TLS_STAND_INS)))
+
+
+# ------------------------------------------------------------------ SLURM and PBS job scripts
+
+
+@pytest.mark.parametrize("case", JOBQUEUE_CASES, ids=[case_id(c) for c in JOBQUEUE_CASES])
+def test_job_script_worker_parses(case: tuple[str, str, int], tmp_path: Path) -> None:
+    backend, variant, gpus = case
+    script = rendered(tmp_path, f"{backend}-{variant}", jobqueue_profile(backend, variant, gpus))
+    module, ctx = parse_python(worker_line(script))
+    assert module == ("dask_cuda.cli" if gpus else "distributed.cli.dask_worker")
+    params = ctx.params
+    scheme = VARIANTS[variant].get("protocol", "tcp")
+    assert params["scheduler"] == f"{scheme}://<scheduler-address>:8786"
+    assert params["protocol"] == f"{scheme}://"
+    resources = params["resources"] or ""
+    assert ("GPU=1" in resources) == bool(gpus)
+    if variant == "resources":
+        assert "MEM=2" in resources and tuple(params["preload"]) == ("json",)
+    if variant == "interface":
+        assert params["interface"] == "lo" and params.get("host") is None
+    if variant == "tls":
+        assert params["tls_ca_file"] and params["tls_cert"] and params["tls_key"]
+    if scheme == "ucx" and gpus:  # dask-cuda's own UCX switches
+        assert params["enable_tcp_over_ucx"]
+        fast = variant == "ucx-nvlink-ib"
+        assert bool(params["enable_nvlink"]) is fast
+        assert bool(params["enable_infiniband"]) is fast
+        assert bool(params["enable_rdmacm"]) is fast
+    check_lifetime(script, params, variant, gpus)
+
+
+def check_lifetime(script: str, params: dict[str, Any], variant: str, gpus: int) -> None:
+    """CPU workers take lifetime flags; dask-cuda's worker reads dask config from exports."""
+    exports = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in script.splitlines()
+        if line.startswith("export DASK_")
+    )
+    for variable in exports:
+        assert dask_config_key(variable), f"{variable} names no dask config key"
+    if gpus:
+        assert exports["DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION"] == (
+            "1200s" if variant == "lifetime" else "1620s"
+        )
+        if variant == "lifetime":
+            assert exports["DASK_DISTRIBUTED__WORKER__LIFETIME__RESTART"] == "True"
+    else:
+        assert params["lifetime"] == ("1200s" if variant == "lifetime" else "1620s")
+        assert bool(params["lifetime_restart"]) is (variant == "lifetime")
+
+
+def test_the_old_gpu_command_is_refused() -> None:
+    """What the job scripts ran before: dask-cuda takes `worker` as the scheduler address."""
+    command = python_module_command("dask_cuda.cli")
+    with pytest.raises(click.UsageError, match="unexpected extra argument"):
+        command.make_context("python -m dask_cuda.cli", ["worker", "tcp://127.0.0.1:8786"])
+
+
+# ------------------------------------------------------------------ local and local-cuda
+
+
+LOCAL_CASES = [
+    ("local", {}),
+    ("local", {"protocol": "tls", "idle_timeout": "1h", "preload": ["json"]}),
+    ("local", {"processes": False, "worker": {"resources": {"MEM": 1}}, "env": {"A": "1"}}),
+    ("local", {"scheduler": {"interface": "lo"}}),
+    ("local-cuda", {}),
+    ("local-cuda", UCX_FAST),
+    ("local-cuda", {"devices": [0, 1], "rmm_pool_size": "1GiB", "device_memory_limit": 0.5}),
+    ("local-cuda", {"protocol": "tls", "rmm_async": True, "enable_cudf_spill": True}),
+]
+
+
+@pytest.mark.parametrize(
+    "case", LOCAL_CASES, ids=[f"{b}-{i}" for i, (b, _) in enumerate(LOCAL_CASES)]
+)
+def test_local_cluster_keywords_exist(case: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    backend, extra = case
+    text = rendered(tmp_path, backend, {"backend": backend, **extra})
+    class_path, call = text.split("(**", 1)
+    kwargs = json.loads(call.rsplit(")", 1)[0])
+    accepted = accepted_keywords(*forwarding_chain(class_path.strip()))
+    unknown = sorted(set(kwargs) - accepted)
+    assert not unknown, f"{class_path.strip()} does not take {unknown}"
+    if kwargs.get("scheduler_kwargs"):
+        scheduler = accepted_keywords(*forwarding_chain("distributed.Scheduler"))
+        assert set(kwargs["scheduler_kwargs"]) <= scheduler
+
+
+def test_the_old_local_cuda_keyword_is_refused() -> None:
+    accepted = accepted_keywords(*forwarding_chain("dask_cuda.LocalCUDACluster"))
+    assert "jit_unspill" not in accepted
+
+
+# ------------------------------------------------------------------ SSH per-host commands
+
+
+SSH_BASE = {"backend": "ssh", "hosts": ["10.0.0.1", "10.0.0.2"], "strict_host_keys": False}
+SSH_CASES = [
+    (variant, gpus)
+    for variant in ("tcp", "tls", "ucx", "ucx-nvlink-ib", "interface", "resources")
+    for gpus in (0, 1)
+]
+
+
+@pytest.mark.parametrize("case", SSH_CASES, ids=[case_id(c) for c in SSH_CASES])
+def test_ssh_commands_parse(case: tuple[str, int], tmp_path: Path) -> None:
+    variant, gpus = case
+    extra = dict(VARIANTS[variant])
+    extra.pop("lifetime", None)
+    data = {**SSH_BASE, **extra, "worker": {**extra.get("worker", {}), "gpus": gpus}}
+    text = rendered(tmp_path, f"ssh-{variant}", data)
+    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("  ")]
+    assert len(commands) == 3  # a scheduler, and a worker on each host
+    classes = set()
+    for argv in commands:
+        module, ctx = parse_python(argv)
+        assert module == "distributed.cli.dask_spec"
+        spec = json.loads(ctx.params["spec"])
+        entries = [spec] if "cls" in spec else list(spec.values())
+        for entry in entries:
+            classes.add(entry["cls"])
+            unknown = set(entry["opts"]) - accepted_keywords(*forwarding_chain(entry["cls"]))
+            assert not unknown, f"{entry['cls']} does not take {sorted(unknown)}"
+            if entry["cls"] != "distributed.Scheduler":
+                assert ("GPU" in entry["opts"].get("resources", {})) == bool(gpus)
+    workers = "dask_cuda.CUDAWorker" if gpus else "distributed.Nanny"
+    assert classes == {"distributed.Scheduler", workers}
+
+
+# ------------------------------------------------------------------ Kubernetes manifests and chart
+
+
+def containers(documents: list[Any]) -> Iterator[dict[str, Any]]:
+    """Every container of every pod template in the documents."""
+    stack = list(documents)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("containers", "initContainers") and isinstance(value, list):
+                    yield from value
+                else:
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def parse_container(container: dict[str, Any]) -> tuple[str, click.Context] | None:
+    """Parse a container's dask command; None for a container that runs something else."""
+    argv = [*container.get("command", []), *container.get("args", [])]
+    if not argv or argv[0] != "dask":
+        return None
+    ctx = parse(dask_cli(), argv[1:], "dask")
+    return " ".join(argv[: 3 if argv[1] == "cuda" else 2]), ctx
+
+
+K8S_CASES = [(protocol, gpus) for protocol in ("tcp", "tls") for gpus in (0, 1)]  # no ucx
+
+
+@pytest.mark.parametrize("case", K8S_CASES, ids=[case_id(c) for c in K8S_CASES])
+def test_kubernetes_manifest_commands_parse(case: tuple[str, int], tmp_path: Path) -> None:
+    protocol, gpus = case
+    data = {
+        "backend": "kubernetes",
+        "protocol": protocol,
+        "worker": {"gpus": gpus, "resources": {"MEM": 1}},
+        "worker_groups": [{"name": "cpu", "workers": 1}],
+    }
+    documents = list(yaml.safe_load_all(rendered(tmp_path, f"k8s-{protocol}", data)))
+    parsed = [p for p in map(parse_container, containers(documents)) if p]
+    programs = sorted(program for program, _ in parsed)
+    worker = "dask cuda worker" if gpus else "dask worker"
+    assert programs == sorted(["dask scheduler", worker, "dask worker"][: len(programs)])
+    assert {"dask scheduler", worker} <= set(programs)
+    for program, ctx in parsed:
+        if program != "dask scheduler" and protocol == "tls":
+            assert ctx.params["tls_ca_file"] and ctx.params["tls_key"]
+
+
+CHART_CASES = [
+    (protocol, gpus, operator)
+    for protocol in ("tcp", "tls", "ucx")
+    for gpus in (0, 2)
+    for operator in (False, True)
+]
+
+
+@pytest.mark.chart
+@pytest.mark.parametrize("case", CHART_CASES, ids=[case_id(c) for c in CHART_CASES])
+def test_chart_commands_parse(case: tuple[str, int, bool], tmp_path: Path) -> None:
+    from tests.ops import documents, template, write_values
+
+    protocol, gpus, operator = case
+    values: dict[str, Any] = {
+        "protocol": protocol,
+        "worker": {"gpus": gpus},
+        "operator": {"enabled": operator},
+    }
+    if protocol == "tls":
+        values["tls"] = {"secretName": "demo-tls"}
+    rendered_chart = template(write_values(tmp_path, values)).stdout
+    parsed = [p for p in map(parse_container, containers(documents(rendered_chart))) if p]
+    programs = {program for program, _ in parsed}
+    assert programs == {"dask scheduler", "dask cuda worker" if gpus else "dask worker"}
+    for program, ctx in parsed:
+        if program != "dask scheduler":
+            resources = ctx.params["resources"] or ""  # dask cuda worker: one worker per GPU
+            assert ("GPU=1" in resources) == bool(gpus), resources
+
+
+# ------------------------------------------------------------------ sbatch --test-only
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Any]:
+    """A real single-node SLURM (tests/slurm.py), for sbatch to check job scripts against."""
+    import tempfile
+
+    from tests import slurm as S
+
+    absent = S.missing()
+    if absent:
+        pytest.fail(f"SLURM is not installed (missing {absent}): run scripts/setup/20-slurm.sh")
+    with tempfile.TemporaryDirectory(prefix="ck-sbatch-") as directory:
+        cluster = S.start(Path(directory))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+SBATCH_CASES = [
+    (variant, gpus, directive)
+    for variant in ("tcp", "tls", "ucx-nvlink-ib", "interface", "resources", "lifetime")
+    for gpus, directive in ((0, "gres"), (1, "gres"), (1, "gpus-per-task"))
+    if gpus or directive == "gres"
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", SBATCH_CASES, ids=[case_id(c) for c in SBATCH_CASES])
+def test_sbatch_accepts_the_job_script(case: tuple[str, int, str], slurm: Any, tmp_path: Path):
+    """`sbatch --test-only` parses every directive and checks it against the real controller.
+
+    This SLURM has no GPUs (no GRES), so a GPU job must be refused for that reason and no other.
+    """
+    from tests import slurm as S
+
+    variant, gpus, directive = case
+    data = {**jobqueue_profile("slurm", variant, gpus), "queue": S.PARTITION}
+    data["gpu_directive"] = directive
+    data["log_directory"] = str(tmp_path / "logs")
+    script = tmp_path / "job.sh"
+    script.write_text(rendered(tmp_path, f"sb-{variant}", data))
+    done = slurm.run("sbatch", "--test-only", str(script))
+    if gpus:
+        assert done.returncode != 0, done.stderr
+        assert "Invalid generic resource (gres) specification" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
+    assert not slurm.queue()
