@@ -51,6 +51,24 @@ def _image(image: str) -> dict[str, str]:
     }
 
 
+def exportable(profile: KubernetesProfile) -> tuple[KubernetesProfile, list[str]]:
+    """The part of ``profile`` the chart can run (its default worker group), and what is left out.
+
+    The chart runs one worker group; each extra group is named in the notes, so a caller can
+    say so instead of refusing the whole profile.
+    """
+    if not profile.worker_groups:
+        return profile, []
+    notes = [
+        f"worker group '{group.name}' ({group.workers} workers) is not exported: the chart runs "
+        "one worker group; deploy it as a release of its own"
+        for group in profile.worker_groups
+    ]
+    part = profile.model_copy(update={"worker_groups": []})
+    part.named(profile.name, profile.source)
+    return part, notes
+
+
 def _variables(profile: KubernetesProfile) -> dict[str, Any]:
     """The module's variables (terraform/modules/profile) for this profile."""
     if profile.worker_groups:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -15,53 +16,63 @@ def register(app: typer.Typer) -> None:
     app.add_typer(profiles_app, name="profiles")
 
 
+def _worker_counts(profile: Any) -> tuple[int | str, int, int | str | None]:
+    """Dask workers started, waited for by `up` (minimum) and reachable with adapt (maximum)."""
+    minimum = int(profile.min_workers)
+    if getattr(profile, "workers", 0) is None and profile.adapt_spec is None:
+        return "per GPU", minimum, "per GPU"  # local-cuda: one worker per visible GPU
+    if not hasattr(profile, "worker_shapes"):  # address: someone else's cluster
+        return profile.workers, minimum, None
+    maximum = sum(count for count, _, _ in profile.worker_shapes())  # all worker groups
+    started = maximum if profile.adapt_spec is None else profile.workers
+    return started, minimum, maximum
+
+
+def _row(name: str, path: Path) -> dict[str, Any]:
+    from clusterkit.errors import ProfileError
+    from clusterkit.profiles import load_profile
+
+    try:
+        profile = load_profile(path)
+    except ProfileError as error:
+        return {"name": name, "backend": "?", "workers": None, "min_workers": None,
+                "max_workers": None, "gpus": None, "source": str(path),
+                "error": error.one_line()}  # fmt: skip
+    started, minimum, maximum = _worker_counts(profile)
+    return {
+        "name": name,
+        "backend": profile.backend_name,
+        "workers": started,
+        "min_workers": minimum,
+        "max_workers": maximum,
+        "gpus": getattr(getattr(profile, "worker", None), "gpus", 0),
+        "source": profile.source,
+        "error": None,
+    }
+
+
 @profiles_app.command("list")
 def list_(json_: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Profiles on the search path: name, backend, workers, GPUs, source file."""
-    from clusterkit import console
-    from clusterkit.errors import ProfileError
-    from clusterkit.profiles import discover, load_profile
+    """Profiles on the search path: name, backend, workers (started, min, max), GPUs, source."""
+    from rich.text import Text
 
-    rows = []
-    for name, path in discover().items():
-        try:
-            profile = load_profile(path)
-            gpus = getattr(getattr(profile, "worker", None), "gpus", 0)
-            workers = getattr(profile, "min_workers", 0)
-            rows.append(
-                {
-                    "name": name,
-                    "backend": profile.backend_name,
-                    "workers": workers,
-                    "gpus": gpus,
-                    "source": profile.source,
-                    "error": None,
-                }
-            )
-        except ProfileError as error:
-            rows.append(
-                {
-                    "name": name,
-                    "backend": "?",
-                    "workers": None,
-                    "gpus": None,
-                    "source": str(path),
-                    "error": error.one_line(),
-                }
-            )
+    from clusterkit import console
+    from clusterkit.profiles import discover
+
+    rows = [_row(name, path) for name, path in discover().items()]
     if json_:
         console.print_json(rows)
         return
-    from rich.text import Text
-
     console.table(
         None,
-        ["name", "backend", "workers", "GPUs/worker", "source"],
+        ["name", "backend", "workers", "min", "max", "GPUs/worker", "source"],
         [
             (
                 r["name"],
                 r["backend"] if not r["error"] else Text("invalid", style="red"),
                 r["workers"],
+                r["min_workers"],
+                "-" if r["max_workers"] is None else r["max_workers"],
                 r["gpus"],
                 r["source"],
             )
@@ -141,10 +152,15 @@ def render(
             f"--format {format_} exports kubernetes profiles; '{profile.name}' is "
             f"{profile.backend_name}"
         )
+    part, notes = exporters.exportable(profile)
     if format_ == "helm-values":
-        typer.echo(yaml.safe_dump(exporters.to_helm_values(profile), sort_keys=False).rstrip())
+        typer.echo(yaml.safe_dump(exporters.to_helm_values(part), sort_keys=False).rstrip())
     else:
-        typer.echo(exporters.to_tfvars(profile).rstrip())
+        typer.echo(exporters.to_tfvars(part).rstrip())
+    from clusterkit.console import warn
+
+    for note in notes:
+        warn(f"{profile.name}: {note}")
 
 
 @profiles_app.command("schema")

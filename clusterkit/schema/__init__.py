@@ -91,7 +91,17 @@ def json_schema() -> dict[str, Any]:
     from pydantic import TypeAdapter
 
     adapter: TypeAdapter[Any] = TypeAdapter(Annotated[AnyProfile, Field(discriminator="backend")])
-    schema = adapter.json_schema()
-    schema["title"] = "clusterkit profile"
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    return schema
+    union = adapter.json_schema()
+    # `extends` is resolved by the loader before validation: every profile may name a parent,
+    # and a file that extends one may leave out what the parent gives (even `backend`)
+    extends = {"type": "string", "description": "profile this one builds on; this file wins"}
+    for model in union.get("$defs", {}).values():
+        if "backend" in model.get("properties", {}):
+            model["properties"]["extends"] = extends
+    child = {"type": "object", "required": ["extends"], "properties": {"extends": extends}}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "clusterkit profile",
+        "$defs": union.pop("$defs", {}),
+        "anyOf": [union, child],
+    }
