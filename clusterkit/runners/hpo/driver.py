@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.errors import BadInput
+from clusterkit.errors import BadInput, ClusterkitError
 from clusterkit.runners.hpo import inputs
 
 if TYPE_CHECKING:
@@ -189,7 +189,11 @@ class _Driver:
             self._fill()
             self._show()
             while self.inflight:
-                kind, item = self.inbox.get()
+                try:
+                    kind, item = self.inbox.get(timeout=1.0)
+                except queue.Empty:
+                    self._check_cluster()
+                    continue
                 began = time.perf_counter()
                 if kind == "done":
                     self._finished(item)
@@ -201,6 +205,16 @@ class _Driver:
         finally:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()
+
+    def _check_cluster(self) -> None:
+        """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
+        if self.client.status in ("closing", "closed"):
+            raise ClusterkitError(
+                f"lost the cluster mid-search ({self.done} of {self.n_trials} trials finished); "
+                "every reported result is in the study",
+                hint="bring the cluster back and run the same search (same storage and study "
+                "name) to resume",
+            )
 
     # ------------------------------------------------------------------ events from workers
 
