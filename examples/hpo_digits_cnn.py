@@ -5,7 +5,7 @@ keep probability, channels and pooling. Each trial reports validation accuracy p
 Optuna's pruner stops hopeless trials early; a trial uses its worker's GPU when it has one.
 
     python examples/hpo_digits_cnn.py                 # embedded `local` profile
-    clusterkit hpo examples/hpo_digits_cnn.py:objective --profile gpu-slurm --trials 200 \
+    clusterkit hpo examples/hpo_digits_cnn.py:objective --profile slurm-gpu --trials 200 \
         --direction maximize --gpus-per-trial 1
 """
 

@@ -4,7 +4,7 @@ The skorch documentation's parallelism recipe, with the cluster coming from a pr
 fit of the grid runs on a Dask worker (on its GPU when the worker has one).
 
     python examples/skorch_grid_search.py                    # embedded `local` profile
-    CLUSTERKIT_PROFILE=gpu-slurm python examples/skorch_grid_search.py
+    CLUSTERKIT_PROFILE=slurm-gpu python examples/skorch_grid_search.py
 """
 
 from __future__ import annotations
