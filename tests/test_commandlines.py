@@ -422,7 +422,11 @@ def test_chart_commands_parse(case: tuple[str, int, bool], tmp_path: Path) -> No
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[Any]:
-    """A real single-node SLURM (tests/slurm.py), for sbatch to check job scripts against."""
+    """A real single-node SLURM (tests/slurm.py) whose node has 4 GRES GPUs.
+
+    The GPUs are files standing in for device nodes: slurmctld schedules them and sbatch checks
+    requests against them; nothing ever runs on them.
+    """
     import tempfile
 
     from tests import slurm as S
@@ -430,8 +434,17 @@ def slurm() -> Iterator[Any]:
     absent = S.missing()
     if absent:
         pytest.fail(f"SLURM is not installed (missing {absent}): run scripts/setup/20-slurm.sh")
-    with tempfile.TemporaryDirectory(prefix="ck-sbatch-") as directory:
-        cluster = S.start(Path(directory))
+    with (
+        tempfile.TemporaryDirectory(prefix="ck-sbatch-") as name,
+        pytest.MonkeyPatch.context() as mp,
+    ):
+        directory = Path(name)
+        for index in range(4):
+            (directory / f"gpu{index}").touch()
+        (directory / "gres.conf").write_text(f"Name=gpu File={directory}/gpu[0-3]\n")
+        gres = S.CONF.replace("NodeName={host}", "GresTypes=gpu\nNodeName={host} Gres=gpu:4")
+        mp.setattr(S, "CONF", gres)
+        cluster = S.start(directory)
         try:
             yield cluster
         finally:
@@ -442,29 +455,36 @@ SBATCH_CASES = [
     (variant, gpus, directive)
     for variant in ("tcp", "tls", "ucx-nvlink-ib", "interface", "resources", "lifetime")
     for gpus, directive in ((0, "gres"), (1, "gres"), (1, "gpus-per-task"))
-    if gpus or directive == "gres"
 ]
 
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("case", SBATCH_CASES, ids=[case_id(c) for c in SBATCH_CASES])
 def test_sbatch_accepts_the_job_script(case: tuple[str, int, str], slurm: Any, tmp_path: Path):
-    """`sbatch --test-only` parses every directive and checks it against the real controller.
-
-    This SLURM has no GPUs (no GRES), so a GPU job must be refused for that reason and no other.
-    """
+    """`sbatch --test-only` parses every directive and checks it against the real controller."""
     from tests import slurm as S
 
     variant, gpus, directive = case
-    data = {**jobqueue_profile("slurm", variant, gpus), "queue": S.PARTITION}
-    data["gpu_directive"] = directive
-    data["log_directory"] = str(tmp_path / "logs")
+    data = {**jobqueue_profile("slurm", variant, gpus), "queue": S.PARTITION, "processes": 2}
+    data.update(gpu_directive=directive, log_directory=str(tmp_path / "logs"))
     script = tmp_path / "job.sh"
     script.write_text(rendered(tmp_path, f"sb-{variant}", data))
-    done = slurm.run("sbatch", "--test-only", str(script))
     if gpus:
-        assert done.returncode != 0, done.stderr
-        assert "Invalid generic resource (gres) specification" in done.stderr, done.stderr
-    else:
-        assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
+        wanted = "--gres=gpu:2" if directive == "gres" else "--gpus-per-task=2"
+        assert f"#SBATCH {wanted}" in script.read_text()
+    done = slurm.run("sbatch", "--test-only", str(script))
+    assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
     assert not slurm.queue()
+
+
+@pytest.mark.slurm
+def test_sbatch_refuses_more_gpus_than_the_node_has(slurm: Any, tmp_path: Path) -> None:
+    """The check above can fail: a job asking for 8 GPUs of this 4-GPU node is refused."""
+    from tests import slurm as S
+
+    data = {**jobqueue_profile("slurm", "tcp", 1), "queue": S.PARTITION}
+    data.update(processes=8, cores=8, memory="4GiB")
+    script = tmp_path / "job.sh"
+    script.write_text(rendered(tmp_path, "sb-too-many", data))
+    done = slurm.run("sbatch", "--test-only", str(script))
+    assert done.returncode != 0 and "configuration is not available" in done.stderr, done.stderr
