@@ -36,9 +36,9 @@ def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
     if profile.protocol == "tls":
         security = ClusterSecurity(
             protocol="tls",
-            ca_file="<cluster dir>/ca.pem",
-            cert_file="<cluster dir>/cert.pem",
-            key_file="<cluster dir>/key.pem",
+            ca_file="<cluster-dir>/ca.pem",
+            cert_file="<cluster-dir>/cert.pem",
+            key_file="<cluster-dir>/key.pem",
         )
     elif profile.protocol == "ucx":
         security = prepare(profile, None)

@@ -202,9 +202,9 @@ def case_id(case: tuple[Any, ...]) -> str:
 
 
 def worker_line(script: str) -> list[str]:
-    """The job's worker command; render's "<cluster dir>" becomes a real directory, as in `up`."""
+    """The job's worker command; render's "<cluster-dir>" becomes a real directory, as in `up`."""
     line = script.strip().splitlines()[-1]
-    return shlex.split(line.replace("<cluster dir>", str(TLS_STAND_INS)))
+    return shlex.split(line.replace("<cluster-dir>", str(TLS_STAND_INS)))
 
 
 # ------------------------------------------------------------------ SLURM and PBS job scripts
