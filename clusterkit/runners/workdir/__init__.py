@@ -1,0 +1,125 @@
+"""The user's project directory on every worker: in place on a shared disk, else a synced copy.
+
+Driver: ``project = resolve(workdir, fn)`` then ``ship(client, project)``. Worker:
+``with entered(project) as directory:`` runs code with that directory as the working
+directory and first on ``sys.path``, as ``python script.py`` or torchrun would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from clusterkit.runners.workdir.project import (
+    COPY_ENV,
+    DEFAULT_MAX_SIZE,
+    MAX_SIZE_ENV,
+    Project,
+    scan,
+)
+from clusterkit.runners.workdir.ship import Shipment, ship
+
+__all__ = [
+    "COPY_ENV",
+    "DEFAULT_MAX_SIZE",
+    "MAX_SIZE_ENV",
+    "Project",
+    "Shipment",
+    "entered",
+    "resolve",
+    "scan",
+    "ship",
+]
+
+AUTO = "auto"
+_enter_lock = threading.Lock()
+_entered: dict[str, int] = {}  # directory -> trials/ranks inside it now (threads share a cwd)
+_saved_cwd: list[str] = []
+_last_digest: dict[str, str] = {}
+
+
+def _module_file(fn: Callable[..., Any]) -> str | None:
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    return getattr(module, "__file__", None) if module is not None else None
+
+
+def resolve(
+    workdir: str | os.PathLike[str] | Project | None,
+    fn: Callable[..., Any] | None = None,
+    *,
+    max_size: int | None = None,
+) -> Project | None:
+    """The project for ``workdir``: a path, a Project, None (off) or ``"auto"``.
+
+    ``"auto"``: the current directory when ``fn``'s module file lives under it, else off.
+    """
+    if workdir is None or isinstance(workdir, Project):
+        return workdir
+    if str(workdir) == AUTO:
+        where = _module_file(fn) if fn is not None else None
+        cwd = Path.cwd().resolve()
+        if where is None or cwd not in Path(where).resolve().parents:
+            return None
+        workdir = cwd
+    return scan(workdir, max_size=max_size)
+
+
+def _purge_stale_modules(directory: str, digest: str) -> None:
+    """Forget modules imported from an older version of this project (long-lived workers)."""
+    if _last_digest.get(directory) in (None, digest):
+        _last_digest[directory] = digest
+        return
+    _last_digest[directory] = digest
+    prefix = directory.rstrip(os.sep) + os.sep
+    for name, module in list(sys.modules.items()):
+        if (getattr(module, "__file__", None) or "").startswith(prefix):
+            del sys.modules[name]
+    import importlib
+
+    importlib.invalidate_caches()
+
+
+@contextlib.contextmanager
+def entered(project: Project | None) -> Iterator[str | None]:
+    """Worker side: run inside the project (cwd, ``sys.path[0]``); yields its directory."""
+    if project is None:
+        yield None
+        return
+    from clusterkit.runners.workdir import tree
+
+    found = tree.locate(project) or _built(project)
+    directory = found[0]
+    with _enter_lock:
+        if not any(_entered.values()):
+            _saved_cwd[:] = [os.getcwd()]
+        _entered[directory] = _entered.get(directory, 0) + 1
+        _purge_stale_modules(directory, project.digest)
+        os.chdir(directory)
+        sys.path.insert(0, directory)
+    try:
+        yield directory
+    finally:
+        with _enter_lock:
+            _entered[directory] -= 1
+            with contextlib.suppress(ValueError):
+                sys.path.remove(directory)
+            if not any(_entered.values()) and _saved_cwd:
+                os.chdir(_saved_cwd.pop())
+
+
+def _built(project: Project) -> tuple[str, str]:
+    from clusterkit.runners.workdir import tree
+
+    found = tree.probe(project)
+    located = tree.locate(project)
+    if located is None:
+        raise RuntimeError(
+            f"project {project.root} is not on this worker ({len(found['missing'])} files "
+            "missing): it joined without the clusterkit workdir plugin"
+        )
+    return located

@@ -1,0 +1,188 @@
+"""The project directory on the driver: which files belong to it, their digests, the size cap.
+
+Excluded: ``.git``, ``__pycache__``, virtual environments (a directory holding ``pyvenv.cfg``
+or ``conda-meta``), and whatever ``.gitignore`` files (at any depth) and an optional
+``.clusterkitignore`` at the root list, in gitignore syntax (``pathspec``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clusterkit.errors import BadInput
+
+MAX_SIZE_ENV = "CLUSTERKIT_WORKDIR_MAX_SIZE"  # the cap, e.g. "200MiB" (default 100 MiB)
+COPY_ENV = "CLUSTERKIT_WORKDIR_COPY"  # "1": always the synced copy, never in place
+DEFAULT_MAX_SIZE = 100 * 2**20
+_ALWAYS_IGNORED = {".git", "__pycache__", ".hg", ".svn", ".mypy_cache", ".pytest_cache"}
+_VENV_MARKERS = ("pyvenv.cfg", "conda-meta")
+_CHUNK = 1 << 20
+
+#: (path) -> (size, mtime_ns, inode, digest): digests of files that did not change are reused
+_digests: dict[str, tuple[int, int, int, str]] = {}
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of the project: its path relative to the root, size, mode bits and digest."""
+
+    path: str
+    size: int
+    mode: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Project:
+    """A scanned project directory: what a worker needs to find or rebuild it."""
+
+    root: str
+    files: tuple[FileEntry, ...]
+    digest: str
+    copy: bool = False
+    key: str = field(default="")  # this directory on this machine (names the synced copy)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def name(self) -> str:
+        return f"{os.path.basename(self.root) or 'project'}-{self.key[:12]}"
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file's bytes, reused while its size, mtime and inode stay the same."""
+    info = os.stat(path)
+    known = _digests.get(path)
+    stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
+    if known is not None and known[:3] == stamp:
+        return known[3]
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            hasher.update(chunk)
+    digest = hasher.hexdigest()
+    _digests[path] = (*stamp, digest)
+    return digest
+
+
+def _spec(directory: str, names: tuple[str, ...]) -> object | None:
+    import pathspec
+
+    lines: list[str] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                lines += handle.read().splitlines()
+    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+
+
+class _Ignore:
+    """gitignore rules per directory (a rule applies below the directory that lists it)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.specs: list[tuple[str, object]] = []
+        top = _spec(root, (".gitignore", ".clusterkitignore"))
+        if top is not None:
+            self.specs.append(("", top))
+
+    def enter(self, relative_dir: str) -> None:
+        if relative_dir:
+            spec = _spec(os.path.join(self.root, relative_dir), (".gitignore",))
+            if spec is not None:
+                self.specs.append((relative_dir + "/", spec))
+
+    def ignored(self, relative: str, is_dir: bool) -> bool:
+        candidate = relative + "/" if is_dir else relative
+        for base, spec in self.specs:
+            if candidate.startswith(base) and spec.match_file(candidate[len(base) :]):  # type: ignore[attr-defined]
+                return True
+        return False
+
+
+def _walk(root: str) -> list[tuple[str, int]]:
+    """(relative path, size) of every file that belongs to the project, sorted."""
+    ignore = _Ignore(root)
+    found: list[tuple[str, int]] = []
+    for directory, dirs, files in os.walk(root):
+        relative_dir = os.path.relpath(directory, root)
+        relative_dir = "" if relative_dir == "." else relative_dir
+        ignore.enter(relative_dir)
+        keep = []
+        for name in sorted(dirs):
+            relative = os.path.join(relative_dir, name)
+            full = os.path.join(directory, name)
+            if name in _ALWAYS_IGNORED or any(
+                os.path.exists(os.path.join(full, m)) for m in _VENV_MARKERS
+            ):
+                continue
+            if not ignore.ignored(relative, True):
+                keep.append(name)
+        dirs[:] = keep
+        for name in files:
+            relative = os.path.join(relative_dir, name)
+            full = os.path.join(directory, name)
+            if name.endswith((".pyc", ".pyo")) or ignore.ignored(relative, False):
+                continue
+            if os.path.isfile(full):
+                found.append((relative, os.path.getsize(full)))
+    return sorted(found)
+
+
+def _human(size: float) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(int(size))
+
+
+def _check_cap(root: str, found: list[tuple[str, int]], max_size: int) -> None:
+    total = sum(size for _, size in found)
+    if total <= max_size:
+        return
+    largest = sorted(found, key=lambda f: -f[1])[:3]
+    names = ", ".join(f"{path} ({_human(size)})" for path, size in largest)
+    raise BadInput(
+        f"project directory {root} holds {_human(total)}, over the {_human(max_size)} cap "
+        f"(largest: {names})",
+        hint="list big files in .clusterkitignore, raise --workdir-max-size, or --no-workdir",
+    )
+
+
+def max_size_from_env() -> int:
+    from dask.utils import parse_bytes
+
+    text = os.environ.get(MAX_SIZE_ENV)
+    if not text:
+        return DEFAULT_MAX_SIZE
+    try:
+        return int(parse_bytes(text))
+    except ValueError:
+        raise BadInput(f"{MAX_SIZE_ENV}={text!r} is not a size like '200MiB'") from None
+
+
+def scan(root: str | os.PathLike[str], *, max_size: int | None = None, copy: bool | None = None):
+    """Scan ``root`` into a :class:`Project` (BadInput when it is missing or over the cap)."""
+    path = Path(root).expanduser().resolve()
+    if not path.is_dir():
+        raise BadInput(f"workdir {root} is not a directory", hint="pass an existing directory")
+    limit = max_size_from_env() if max_size is None else max_size
+    found = _walk(str(path))
+    _check_cap(str(path), found, limit)
+    entries = []
+    overall = hashlib.sha256()
+    for relative, size in found:
+        full = os.path.join(path, relative)
+        digest = file_digest(full)
+        mode = os.stat(full).st_mode & 0o777
+        entries.append(FileEntry(relative, size, mode, digest))
+        overall.update(f"{relative}\0{mode}\0{digest}\n".encode())
+    forced = os.environ.get(COPY_ENV, "") in ("1", "true", "yes") if copy is None else copy
+    key = hashlib.sha256(f"{socket.gethostname()}\0{path}".encode()).hexdigest()
+    return Project(str(path), tuple(entries), overall.hexdigest(), forced, key)
