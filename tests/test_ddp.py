@@ -14,7 +14,7 @@ import pytest
 
 from clusterkit.errors import ClusterkitError
 from clusterkit.runners import ddp
-from clusterkit.runners.ddp import driver as ddp_driver
+from clusterkit.runners.ddp.placement import live_workers
 from clusterkit.runners.ddp.script import run_file
 
 pytestmark = pytest.mark.local
@@ -165,7 +165,7 @@ def test_torchrun_script_runs_unchanged(client, tmp_path: Path) -> None:
     for rank in (0, 1):
         world, local, total, argv0 = (out.parent / f"out.{rank}").read_text().split()
         assert (world, local, float(total)) == ("2", str(rank), 4.5)
-        assert argv0.endswith("train_script.py") and argv0 != str(script)  # shipped copy
+        assert argv0 == str(script)  # in place: the worker sees the same directory
 
 
 def test_failing_rank_stops_the_group(client) -> None:
@@ -182,9 +182,9 @@ def test_failing_rank_stops_the_group(client) -> None:
 
 
 def test_killed_worker_restarts_from_checkpoint(client) -> None:
-    before = set(ddp_driver._workers(client))
+    before = set(live_workers(client))
     results = ddp.run(resumable_fn, 6, client=client, max_restarts=1, timeout=150)
-    after = set(ddp_driver._workers(client))
+    after = set(live_workers(client))
     assert before != after  # one worker was replaced by the nanny
     for result in results:
         assert result["restarts"] == 1

@@ -3,11 +3,13 @@
 The driver places ranks on workers, submits one pinned task per rank (``ddp_worker``), watches
 the group and stops all of it when one rank fails or a worker leaves; with ``max_restarts`` it
 starts a fresh group (fresh port, remaining or replaced workers) that resumes from the last
-checkpoint rank 0 saved. Checkpoints travel through the scheduler, so no shared disk is needed.
+checkpoint rank 0 saved: in ``checkpoint_dir`` (any fsspec URL) when given, else held by the
+scheduler (small state only). Ranks run inside the project directory (``workdir``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -17,9 +19,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.runners.ddp.placement import (
+    Slot,
+    interface_env,
+    live_workers,
+    place,
+    rank_specs,
+    torch_backend,
+)
 
 if TYPE_CHECKING:
     from distributed import Client, Future
+
+    from clusterkit.runners.workdir import Project
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +53,6 @@ class TrainingFailed(ClusterkitError):
     def details(self) -> str:
         tail = "\n".join(f"  | {line}" for line in self.traceback.rstrip().splitlines())
         return f"{self.one_line()}\n{tail}" if tail else self.one_line()
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one rank runs."""
-
-    worker: str
-    host: str
-    slot: int  # index among this worker's ranks (its n-th GPU)
-    gpu: bool
-    threads: int
 
 
 class _GroupFailed(Exception):
@@ -84,121 +85,6 @@ def wait_ready(client: Client, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def _workers(client: Client) -> dict[str, Any]:
-    """Fresh per-worker info from the scheduler.
-
-    Not ``client.scheduler_info()``: its cached copy is overwritten every few seconds by the
-    client's periodic update, which carries no workers, so reading it can race to ``{}``.
-    """
-    scheduler = client.scheduler
-    if scheduler is None:
-        raise ClusterkitError("the client is not connected to a scheduler")
-    return client.sync(scheduler.identity, n_workers=-1)["workers"]
-
-
-def _slots(client: Client) -> list[Slot]:
-    from distributed.comm import get_address_host
-
-    from clusterkit.capacity import ranks_per_worker
-
-    workers = _workers(client)
-    slots: list[Slot] = []
-    for address in sorted(workers, key=lambda a: (get_address_host(a), a)):
-        info = workers[address]
-        if info.get("status", "running") not in ("running", "Status.running"):
-            continue
-        nthreads = int(info.get("nthreads", 1))
-        gpus = int(info.get("resources", {}).get("GPU", 0))
-        count = ranks_per_worker(nthreads, gpus)
-        for index in range(max(count, 1)):
-            threads = max(1, nthreads // count) if gpus else nthreads
-            host = get_address_host(address)
-            slots.append(Slot(address, host, index, bool(gpus), threads))
-    return slots
-
-
-def _place(client: Client, world_size: int | None, wait: float, shrink: bool = False) -> list[Slot]:
-    """Slots for ``world_size`` ranks, waiting (bounded) for workers to arrive.
-
-    ``shrink``: a restarted group whose size the user did not fix runs on the workers that
-    remain when replacements do not arrive in time.
-    """
-    deadline = time.monotonic() + wait
-    while True:
-        slots = _slots(client)
-        wanted = world_size or len(slots)
-        if slots and len(slots) >= wanted:
-            return slots[:wanted]
-        if time.monotonic() > deadline:
-            if shrink and slots:
-                log.warning("restarting with %d ranks instead of %d", len(slots), wanted)
-                return slots
-            raise ClusterkitError(
-                f"world size {wanted} needs {wanted} rank slots, the cluster has {len(slots)} "
-                f"after waiting {wait:.0f}s",
-                hint="scale the cluster up or pass a smaller world_size",
-            )
-        time.sleep(0.25)
-
-
-def _backend(backend: str, slots: list[Slot]) -> str:
-    if backend != "auto":
-        return backend
-    return "nccl" if all(s.gpu for s in slots) else "gloo"
-
-
-def _specs(
-    run_id: str, attempt: int, slots: list[Slot], backend: str, payload: bytes, **extra: Any
-) -> list[dict[str, Any]]:
-    key = f"{run_id}-a{attempt}"
-    master = slots[0].host
-    specs = []
-    for rank, slot in enumerate(slots):
-        local = [s for s in slots if s.host == slot.host]
-        env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(len(slots)),
-            "LOCAL_RANK": str(local.index(slot)),
-            "LOCAL_WORLD_SIZE": str(len(local)),
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": master,
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_RESTART_COUNT": str(attempt),
-            "TORCHELASTIC_RUN_ID": run_id,
-        }
-        specs.append(
-            {
-                "key": key,
-                "run_id": run_id,
-                "attempt": attempt,
-                "rank": rank,
-                "world_size": len(slots),
-                "local_rank": local.index(slot),
-                "local_world_size": len(local),
-                "slot": slot.slot,
-                "worker": slot.worker,
-                "threads": slot.threads,
-                "backend": backend,
-                "env": env,
-                "payload": payload,
-                **extra,
-            }
-        )
-    return specs
-
-
-def _interface_env(client: Client, slots: list[Slot]) -> dict[str, dict[str, str]]:
-    """GLOO/NCCL socket interface per worker: the one carrying the worker's Dask address."""
-    from clusterkit.runners.ddp.worker import interface_of
-
-    workers = sorted({s.worker for s in slots})
-    found = client.run(interface_of, workers=workers)
-    return {
-        w: ({"GLOO_SOCKET_IFNAME": n, "NCCL_SOCKET_IFNAME": n} if n else {})
-        for w, n in found.items()
-    }
-
-
 def _watch(
     client: Client, futures: list[Future], slots: list[Slot], deadline: float | None
 ) -> list[bytes]:
@@ -216,7 +102,7 @@ def _watch(
             raise _GroupFailed(None, "timed out")
         if now - last_check > 1.0:
             last_check = now
-            alive = set(_workers(client))
+            alive = set(live_workers(client))
             for rank, slot in enumerate(slots):
                 if slot.worker not in alive and futures[rank].status != "finished":
                     raise _GroupFailed(rank, f"worker {slot.worker} left the cluster")
@@ -253,7 +139,7 @@ def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) ->
 
     from clusterkit.runners.ddp.worker import abort
 
-    alive = set(_workers(client))
+    alive = set(live_workers(client))
     targets = sorted({s.worker for s in slots} & alive)
     if targets:
         try:
@@ -288,6 +174,19 @@ def _cleanup(client: Client, run_id: str, attempts: int) -> None:
             log.debug("could not delete variable %s: %s", name, error)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a group runs; everything but the function and its arguments."""
+
+    world_size: int | None = None
+    backend: str = "auto"
+    max_restarts: int = 0
+    timeout: float | None = None
+    init_group: bool = True  # False for torchrun-style scripts that call init_process_group
+    project: Project | None = None
+    checkpoint_dir: str | None = None
+
+
 def run(
     train_fn: Callable[..., Any],
     *args: Any,
@@ -296,6 +195,8 @@ def run(
     backend: str = "auto",
     max_restarts: int = 0,
     timeout: float | None = None,
+    workdir: str | os.PathLike[str] | Project | None = "auto",
+    checkpoint_dir: str | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``train_fn(ctx, *args, **kwargs)`` on every rank of a DDP group; results by rank.
@@ -317,139 +218,151 @@ def run(
         Times a failed group is restarted, resuming from the last checkpoint.
     timeout
         Seconds for the whole run (all attempts); None waits as long as training runs.
+    workdir
+        The project directory ranks run in (working directory, first on ``sys.path``): in
+        place where a worker sees it at the same path, else a synced copy. ``"auto"``: the
+        current directory when ``train_fn``'s module lives under it; None: off.
+    checkpoint_dir
+        An fsspec URL or path (``s3://bucket/run``, a shared directory): ``ctx``'s checkpoints
+        go there, and a later run resumes from them. Without it checkpoints pass through the
+        scheduler, up to 64 MiB.
 
     Raises
     ------
     BadInput
-        ``world_size`` below 1 or a negative ``max_restarts``.
+        ``world_size`` below 1, a negative ``max_restarts``, a workdir over its size cap.
     TrainingFailed
         A rank raised or its worker died and no restart is left: carries ``rank`` and
         ``traceback``.
     ClusterkitError
         Not enough workers arrived within the wait (``CLUSTERKIT_DDP_WORKER_WAIT``, 60 s).
     """
-    return _run(train_fn, args, kwargs, client, world_size, backend, max_restarts, timeout, True)
+    from clusterkit.runners import workdir as project_dir
+
+    options = RunOptions(
+        world_size,
+        backend,
+        max_restarts,
+        timeout,
+        project=project_dir.resolve(workdir, train_fn),
+        checkpoint_dir=checkpoint_dir,
+    )
+    return run_group(train_fn, args, kwargs, client, options)
 
 
-def _run(
+def run_group(
     train_fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     client: Client | None,
-    world_size: int | None,
-    backend: str,
-    max_restarts: int,
-    timeout: float | None,
-    init_group: bool,
+    options: RunOptions,
 ) -> list[Any]:
+    """``run`` with its options gathered (``script.run_file`` enters here too)."""
     import cloudpickle
 
-    if world_size is not None and world_size < 1:
-        raise BadInput(f"world size must be at least 1, got {world_size}")
-    if max_restarts < 0:
-        raise BadInput(f"max_restarts must be 0 or more, got {max_restarts}")
+    if options.world_size is not None and options.world_size < 1:
+        raise BadInput(f"world size must be at least 1, got {options.world_size}")
+    if options.max_restarts < 0:
+        raise BadInput(f"max_restarts must be 0 or more, got {options.max_restarts}")
+    if options.checkpoint_dir and "://" not in options.checkpoint_dir:  # ranks' cwd differs
+        absolute = os.path.abspath(os.path.expanduser(options.checkpoint_dir))
+        options = dataclasses.replace(options, checkpoint_dir=absolute)
     if client is None:
         from clusterkit.client import get_client
 
         client = get_client()
     prepare(client)
+    if options.project is not None:
+        from clusterkit.runners.workdir import ship
+
+        ship(client, options.project)
     payload = cloudpickle.dumps((train_fn, args, kwargs))
     run_id = f"clusterkit-ddp-{uuid.uuid4().hex[:12]}"
-    deadline = time.monotonic() + timeout if timeout else None
+    attempts = [0]
+    try:
+        results = _attempts(client, run_id, payload, options, attempts)
+    finally:
+        _cleanup(client, run_id, attempts[0] + 1)
+    return [cloudpickle.loads(r) for r in results]
+
+
+def _attempts(
+    client: Client, run_id: str, payload: bytes, options: RunOptions, counter: list[int]
+) -> list[bytes]:
+    """Run the group, restarting it up to ``max_restarts`` times; ``counter[0]``: attempt."""
+    deadline = time.monotonic() + options.timeout if options.timeout else None
     wait = float(os.environ.get(WORKER_WAIT_ENV, "60"))
     checkpoint: bytes | None = None
-    attempt = 0
     slots: list[Slot] = []
-    try:
-        while True:
-            if deadline is not None:
-                wait = max(0.0, min(wait, deadline - time.monotonic()))
-            if attempt == 0:
-                slots = _place(client, world_size, wait)
-            else:  # same size: wait for replacements of lost workers (elastic if size was free)
-                slots = _place(client, len(slots), wait, shrink=world_size is None)
-            try:
-                results = _attempt(
-                    client,
-                    run_id,
-                    attempt,
-                    slots,
-                    backend,
-                    payload,
-                    checkpoint,
-                    init_group,
-                    deadline,
-                )
-                return [cloudpickle.loads(r) for r in results]
-            except _GroupFailed as failure:
-                timed_out = deadline is not None and time.monotonic() > deadline
-                if attempt >= max_restarts or timed_out:
-                    raise TrainingFailed(
-                        failure.rank, failure.message, failure.traceback, attempt + 1
-                    ) from None
-                log.warning("DDP attempt %d failed (%s); restarting", attempt, failure.message)
-                attempt += 1
-                checkpoint = _checkpoint(client, run_id)
-    finally:
-        _cleanup(client, run_id, attempt + 1)
+    while True:
+        attempt = counter[0]
+        if deadline is not None:
+            wait = max(0.0, min(wait, deadline - time.monotonic()))
+        if attempt == 0:
+            slots = place(client, options.world_size, wait)
+        else:  # same size: wait for replacements of lost workers (elastic if size was free)
+            slots = place(client, len(slots), wait, shrink=options.world_size is None)
+        launch = _Launch(client, run_id, attempt, slots, payload, checkpoint, options, deadline)
+        try:
+            return _attempt(launch)
+        except _GroupFailed as failure:
+            timed_out = deadline is not None and time.monotonic() > deadline
+            if attempt >= options.max_restarts or timed_out:
+                raise TrainingFailed(
+                    failure.rank, failure.message, failure.traceback, attempt + 1
+                ) from None
+            log.warning("DDP attempt %d failed (%s); restarting", attempt, failure.message)
+            counter[0] += 1
+            checkpoint = _checkpoint(client, run_id)
 
 
-def _attempt(
-    client: Client,
-    run_id: str,
-    attempt: int,
-    slots: list[Slot],
-    backend: str,
-    payload: bytes,
-    checkpoint: bytes | None,
-    init_group: bool,
-    deadline: float | None,
-) -> list[bytes]:
-    if not any(s.gpu for s in slots):
-        return _launch(
-            client, run_id, attempt, slots, backend, payload, checkpoint, init_group, deadline
-        )
+@dataclass(frozen=True)
+class _Launch:
+    client: Client
+    run_id: str
+    attempt: int
+    slots: list[Slot]
+    payload: bytes
+    checkpoint: bytes | None
+    options: RunOptions
+    deadline: float | None
+
+
+def _attempt(launch: _Launch) -> list[bytes]:
+    if not any(s.gpu for s in launch.slots):
+        return _launch(launch)
     # GPU ranks hold the GPU resource while they wait for their peers: two runs whose ranks
     # interleave in the workers' queues would wait on each other forever, so GPU groups on one
     # cluster start one at a time (a scheduler semaphore; its lease dies with this client).
     from distributed import Semaphore
 
+    client, deadline = launch.client, launch.deadline
     gate = Semaphore(1, "clusterkit-ddp-gpu", scheduler_rpc=client.scheduler, loop=client.loop)
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     if not gate.acquire(timeout=left):
         raise _GroupFailed(None, "timed out waiting for another GPU training run to finish")
     try:
-        return _launch(
-            client, run_id, attempt, slots, backend, payload, checkpoint, init_group, deadline
-        )
+        return _launch(launch)
     finally:
         gate.release()
 
 
-def _launch(
-    client: Client,
-    run_id: str,
-    attempt: int,
-    slots: list[Slot],
-    backend: str,
-    payload: bytes,
-    checkpoint: bytes | None,
-    init_group: bool,
-    deadline: float | None,
-) -> list[bytes]:
+def _launch(launch: _Launch) -> list[bytes]:
     from clusterkit.runners.ddp.worker import rank_task
 
-    chosen = _backend(backend, slots)
-    interfaces = _interface_env(client, slots)
-    specs = _specs(
-        run_id,
-        attempt,
+    client, slots, options = launch.client, launch.slots, launch.options
+    interfaces = interface_env(client, slots)
+    specs = rank_specs(
+        launch.run_id,
+        launch.attempt,
         slots,
-        chosen,
-        payload,
-        checkpoint=checkpoint,
-        init_group=init_group,
+        torch_backend(options.backend, slots),
+        launch.payload,
+        checkpoint=launch.checkpoint,
+        init_group=options.init_group,
         rendezvous_timeout=120.0,
+        project=options.project,
+        checkpoint_dir=options.checkpoint_dir,
     )
     futures = []
     for spec, slot in zip(specs, slots, strict=True):
@@ -466,7 +379,7 @@ def _launch(
             )
         )
     try:
-        return _watch(client, futures, slots, deadline)
+        return _watch(client, futures, slots, launch.deadline)
     except _GroupFailed as failure:
         alive = _stop(client, specs[0]["key"], futures, slots)
         if failure.message == "timed out":

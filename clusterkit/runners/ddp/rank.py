@@ -18,6 +18,37 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+CHECKPOINT_DIR_ENV = "CLUSTERKIT_CHECKPOINT_DIR"  # set in ranks when checkpoint_dir is given
+CHECKPOINT_FILE = "checkpoint.pt"
+SCHEDULER_CHECKPOINT_LIMIT = 64 * 2**20  # bytes a checkpoint may have without checkpoint_dir
+
+
+def _write_url(directory: str, data: bytes) -> None:
+    """Write ``directory/checkpoint.pt`` through fsspec, whole or not at all."""
+    import uuid
+
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(directory)
+    fs.makedirs(path, exist_ok=True)
+    final = f"{path.rstrip('/')}/{CHECKPOINT_FILE}"
+    temporary = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+    with fs.open(temporary, "wb") as handle:
+        handle.write(data)
+    fs.mv(temporary, final)
+
+
+def _read_url(directory: str) -> bytes | None:
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(directory)
+    final = f"{path.rstrip('/')}/{CHECKPOINT_FILE}"
+    if not fs.exists(final):
+        return None
+    with fs.open(final, "rb") as handle:
+        data: bytes = handle.read()
+    return data
+
 
 class Context:
     """What ``train_fn(ctx, ...)`` gets: its place in the group, device and checkpoints."""
@@ -33,6 +64,7 @@ class Context:
         self.device = device
         self._conn = conn
         self._checkpoint: bytes | None = spec.get("checkpoint")
+        self._checkpoint_dir: str | None = spec.get("checkpoint_dir")
 
     @property
     def is_restart(self) -> bool:
@@ -40,10 +72,11 @@ class Context:
         return self.restart_count > 0
 
     def save_checkpoint(self, state: Any) -> None:
-        """Store ``state`` (``torch.save``-able) with the driver; only rank 0's call counts.
+        """Save ``state`` (``torch.save``-able); only rank 0's call counts.
 
-        Returns once the checkpoint is held outside the rank's machine, so a worker that dies
-        right after loses nothing that was saved.
+        With ``checkpoint_dir`` it is written there (any size); otherwise the driver holds it
+        (at most 64 MiB). Returns once the checkpoint is held outside the rank's machine, so a
+        worker that dies right after loses nothing that was saved.
         """
         if self.rank != 0:
             return
@@ -51,19 +84,30 @@ class Context:
 
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        self._conn.send(("checkpoint", buffer.getvalue()))
+        data = buffer.getvalue()
+        if self._checkpoint_dir:
+            _write_url(self._checkpoint_dir, data)
+            return
+        if len(data) > SCHEDULER_CHECKPOINT_LIMIT:
+            raise ValueError(
+                f"checkpoint of {len(data) / 2**20:.0f} MiB is over the 64 MiB the scheduler "
+                "holds: pass checkpoint_dir=URL (--checkpoint-dir) to save it to storage"
+            )
+        self._conn.send(("checkpoint", data))
         reply = self._conn.recv()
         if reply != ("ack",):
             raise RuntimeError(f"checkpoint not stored: {reply!r}")
 
     def load_checkpoint(self, map_location: Any = None) -> Any:
-        """The last state saved by rank 0 in an earlier attempt of this run, or None."""
-        if self._checkpoint is None:
+        """The last state rank 0 saved: in ``checkpoint_dir`` (this run or an earlier one),
+        else in an earlier attempt of this run; None when there is none."""
+        data = _read_url(self._checkpoint_dir) if self._checkpoint_dir else self._checkpoint
+        if data is None:
             return None
         import torch
 
         location = self.device if map_location is None else map_location
-        return torch.load(io.BytesIO(self._checkpoint), map_location=location, weights_only=False)
+        return torch.load(io.BytesIO(data), map_location=location, weights_only=False)
 
     def __repr__(self) -> str:
         return (
@@ -103,6 +147,11 @@ def _prepare(spec: dict[str, Any], conn: Connection) -> tuple[Any, Any]:
     import torch
 
     sys.path[:] = spec["sys_path"]
+    if spec.get("workdir"):  # the project: working directory and first on sys.path
+        os.chdir(spec["workdir"])
+        sys.path.insert(0, spec["workdir"])
+    if spec.get("checkpoint_dir"):  # for torchrun-style scripts that save their own state
+        os.environ[CHECKPOINT_DIR_ENV] = spec["checkpoint_dir"]
     for name, value in spec.get("default_env", {}).items():
         os.environ.setdefault(name, value)  # the worker's own setting wins
     os.environ.update(spec["env"])

@@ -1,8 +1,9 @@
 """Run a training file on every rank: a torchrun-style script's ``__main__`` or one function.
 
-The file's source text is shipped with the task (workers need no shared disk) and written to a
-private temporary directory on each rank before ``runpy`` runs it, so ``__file__`` and
-``sys.argv`` look as they do under torchrun.
+The file runs inside its project directory (see ``clusterkit.runners.workdir``): in place or
+in the synced copy, so sibling imports, files next to ``__file__``, ``sys.argv`` and snapshots
+in the working directory behave as under torchrun. Without a project the file's text alone is
+written to a private temporary directory on each rank.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from clusterkit.errors import BadInput
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from clusterkit.runners.workdir import Project
 
 _TARGET = re.compile(r"^(?P<path>.+?\.py)(?::(?P<func>[A-Za-z_][A-Za-z0-9_]*))?$")
 
@@ -64,37 +67,42 @@ def load_target(spec: str) -> Target:
     return Target(path.resolve(), source, function)
 
 
-def _materialize(source: str, filename: str) -> str:
+def _script_path(source: str | None, relative: str) -> tuple[str, str | None]:
+    """The script's path on this rank: inside the project (cwd), else a private temp copy."""
+    if source is None:
+        return os.path.join(os.getcwd(), relative), None
     directory = tempfile.mkdtemp(prefix="clusterkit-train-")
-    path = os.path.join(directory, filename)
+    path = os.path.join(directory, relative)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(source)
-    return path
+    return path, directory
 
 
-def run_script_main(ctx: Any, source: str, filename: str, argv: list[str]) -> None:
-    """Rank side: run the script as ``__main__`` with ``sys.argv = [file, *argv]``."""
-    path = _materialize(source, filename)
+def _run_path(ctx: Any, source: str | None, relative: str, argv: list[str], run_name: str) -> Any:
+    path, temporary = _script_path(source, relative)
     sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(path))
+    sys.path.insert(0, os.path.dirname(path))  # as `python path` and torchrun do
     try:
-        runpy.run_path(path, run_name="__main__")
+        return runpy.run_path(path, run_name=run_name)
     finally:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def run_script_main(ctx: Any, source: str | None, relative: str, argv: list[str]) -> None:
+    """Rank side: run the script as ``__main__`` with ``sys.argv = [file, *argv]``.
+
+    ``source`` None: the script is ``relative`` inside the project (the rank's cwd).
+    """
+    _run_path(ctx, source, relative, argv, "__main__")
 
 
 def run_script_function(
-    ctx: Any, source: str, filename: str, function: str, argv: list[str]
+    ctx: Any, source: str | None, relative: str, function: str, argv: list[str]
 ) -> Any:
     """Rank side: load the file as a module and return ``function(ctx, *argv)``."""
-    path = _materialize(source, filename)
-    sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(path))
-    try:
-        namespace = runpy.run_path(path, run_name="__clusterkit_train__")
-        return namespace[function](ctx, *argv)
-    finally:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    namespace = _run_path(ctx, source, relative, argv, "__clusterkit_train__")
+    return namespace[function](ctx, *argv)
 
 
 def run_file(
@@ -106,22 +114,53 @@ def run_file(
     max_restarts: int = 0,
     timeout: float | None = None,
     backend: str = "auto",
+    workdir: str | os.PathLike[str] | Project | None = "auto",
+    checkpoint_dir: str | None = None,
 ) -> list[Any]:
     """Run ``FILE.py`` (its ``__main__``, torchrun-style) or ``FILE.py:FUNC`` on every rank.
 
     A script brings its own ``init_process_group("env://")``; a function is called as
     ``FUNC(ctx, *argv)`` inside a group the runner set up, like :func:`ddp.run`'s ``train_fn``.
+    ``workdir``: the project the script runs in (``"auto"``: the script's directory); None
+    ships the file alone into a temporary directory.
     """
-    from clusterkit.runners.ddp.driver import _run
+    from clusterkit.runners.ddp.driver import RunOptions, run_group
 
     loaded = load_target(target) if isinstance(target, str) else target
+    project = project_for(loaded, workdir)
+    source: str | None = loaded.source
+    relative = loaded.path.name
+    if project is not None:
+        source, relative = None, os.path.relpath(loaded.path, project.root)
     args = list(argv or [])
-    name = loaded.path.name
     fn: Callable[..., Any]
     fn_args: tuple[Any, ...]
     if loaded.function is None:
-        fn, fn_args, init = run_script_main, (loaded.source, name, args), False
+        fn, fn_args = run_script_main, (source, relative, args)
     else:
-        fn, fn_args = run_script_function, (loaded.source, name, loaded.function, args)
-        init = True
-    return _run(fn, fn_args, {}, client, world_size, backend, max_restarts, timeout, init)
+        fn, fn_args = run_script_function, (source, relative, loaded.function, args)
+    options = RunOptions(
+        world_size,
+        backend,
+        max_restarts,
+        timeout,
+        init_group=loaded.function is not None,
+        project=project,
+        checkpoint_dir=checkpoint_dir,
+    )
+    return run_group(fn, fn_args, {}, client, options)
+
+
+def project_for(loaded: Target, workdir: str | os.PathLike[str] | Project | None) -> Any:
+    """The project a training file runs in; BadInput when the file is outside it."""
+    from clusterkit.runners import workdir as project_dir
+
+    if workdir is not None and str(workdir) == project_dir.AUTO:
+        workdir = loaded.path.parent
+    project = project_dir.resolve(workdir)
+    if project is not None and Path(project.root) not in loaded.path.parents:
+        raise BadInput(
+            f"{loaded.path} is not inside the workdir {project.root}",
+            hint="pass --workdir DIR holding the script, or --no-workdir",
+        )
+    return project

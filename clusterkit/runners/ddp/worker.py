@@ -238,6 +238,21 @@ def _exit_text(code: int | None) -> str:
     return f"rank process exited with code {code} before reporting a result"
 
 
+def _project_directory(project: Any) -> str | None:
+    """Where this worker holds the run's project (in place or its synced copy), or None."""
+    if project is None:
+        return None
+    from clusterkit.runners.workdir import tree
+
+    found = tree.locate(project)
+    if found is None:
+        tree.probe(project)  # a copy that is complete but not yet built in this process
+        found = tree.locate(project)
+    if found is None:
+        raise RuntimeError(f"project {project.root} is not on worker (no copy arrived)")
+    return found[0]
+
+
 def rank_task(spec: dict[str, Any]) -> bytes:
     """Run one rank on this worker; returns the cloudpickled result of ``train_fn``."""
     from distributed import get_worker, secede
@@ -252,6 +267,7 @@ def rank_task(spec: dict[str, Any]) -> bytes:
         _running.setdefault(key, []).append(proc)
     try:
         spec["sys_path"] = list(sys.path)
+        spec["workdir"] = _project_directory(spec.pop("project", None))
         return _serve(spec, child)
     finally:
         child.conn.close()
