@@ -15,6 +15,19 @@ def _capacity(profile: Any) -> int | None:
     return capacity
 
 
+def _project(loaded: Any, workdir: str | None, max_size: str | None) -> Any:
+    """Scan the project now: a bad or oversized directory fails before anything starts."""
+    from clusterkit.runners.ddp.script import project_for
+    from clusterkit.runners.workdir import AUTO, parse_max_size, scan
+
+    if workdir is None:
+        return None
+    limit = parse_max_size("--workdir-max-size", max_size) if max_size else None
+    if workdir != AUTO:
+        return project_for(loaded, scan(workdir, max_size=limit))
+    return project_for(loaded, scan(loaded.path.parent, max_size=limit))
+
+
 def train(
     context: typer.Context,
     target: str = typer.Argument(..., help="FILE.py (torchrun-style script) or FILE.py:FUNC."),
@@ -22,10 +35,23 @@ def train(
     world_size: int = typer.Option(None, "--world-size", "-n", help="Ranks (default: all)."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts from checkpoint."),
     timeout: float = typer.Option(None, "--timeout", help="Seconds for the whole run."),
+    workdir: str = typer.Option(
+        None, "--workdir", help="Project directory ranks run in (default: the script's)."
+    ),
+    no_workdir: bool = typer.Option(
+        False, "--no-workdir", help="Ship the script file alone into a temporary directory."
+    ),
+    workdir_max_size: str = typer.Option(
+        None, "--workdir-max-size", help="Largest project to copy, e.g. 200MiB (100MiB)."
+    ),
+    checkpoint_dir: str = typer.Option(
+        None, "--checkpoint-dir", help="fsspec URL or path for checkpoints (s3://..., /shared)."
+    ),
 ) -> None:
     """Train with DistributedDataParallel: one rank per worker (per GPU), torchrun's env.
 
-    Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings).
+    Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings). Ranks run
+    in the project directory (in place on a shared disk, else a synced copy).
     """
     from clusterkit import console
     from clusterkit.errors import BadInput
@@ -33,6 +59,7 @@ def train(
     from clusterkit.runners.ddp.script import load_target
 
     loaded = load_target(target)
+    project = _project(loaded, None if no_workdir else (workdir or "auto"), workdir_max_size)
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if max_restarts < 0:
@@ -58,6 +85,8 @@ def train(
                 world_size=world_size,
                 max_restarts=max_restarts,
                 timeout=timeout,
+                workdir=project,
+                checkpoint_dir=checkpoint_dir,
             )
     finally:
         client.close()

@@ -20,6 +20,7 @@ from clusterkit.runners.workdir.project import (
     DEFAULT_MAX_SIZE,
     MAX_SIZE_ENV,
     Project,
+    parse_max_size,
     scan,
 )
 from clusterkit.runners.workdir.ship import Shipment, ship
@@ -31,6 +32,7 @@ __all__ = [
     "Project",
     "Shipment",
     "entered",
+    "parse_max_size",
     "resolve",
     "scan",
     "ship",

@@ -155,19 +155,27 @@ def _check_cap(root: str, found: list[tuple[str, int]], max_size: int) -> None:
     )
 
 
-def max_size_from_env() -> int:
+def parse_max_size(name: str, text: str) -> int:
+    """A size cap from text like '200MiB'; BadInput naming ``name`` otherwise."""
     from dask.utils import parse_bytes
 
-    text = os.environ.get(MAX_SIZE_ENV)
-    if not text:
-        return DEFAULT_MAX_SIZE
     try:
-        return int(parse_bytes(text))
-    except ValueError:
-        raise BadInput(f"{MAX_SIZE_ENV}={text!r} is not a size like '200MiB'") from None
+        size = int(parse_bytes(text))
+    except (ValueError, TypeError):
+        raise BadInput(f"{name}: expected a size like '200MiB', got {text!r}") from None
+    if size <= 0:
+        raise BadInput(f"{name}: the size must be positive, got {text!r}")
+    return size
 
 
-def scan(root: str | os.PathLike[str], *, max_size: int | None = None, copy: bool | None = None):
+def max_size_from_env() -> int:
+    text = os.environ.get(MAX_SIZE_ENV)
+    return parse_max_size(MAX_SIZE_ENV, text) if text else DEFAULT_MAX_SIZE
+
+
+def scan(
+    root: str | os.PathLike[str], *, max_size: int | None = None, copy: bool | None = None
+) -> Project:
     """Scan ``root`` into a :class:`Project` (BadInput when it is missing or over the cap)."""
     path = Path(root).expanduser().resolve()
     if not path.is_dir():
