@@ -1,0 +1,220 @@
+"""The project directory on workers: ignore rules, the size cap, in place vs synced, uploads
+counted in bytes, late workers, checkpoints to storage; the example project end to end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterkit.errors import BadInput
+from clusterkit.runners import ddp, workdir
+from clusterkit.runners.ddp.script import run_file
+
+distributed = pytest.importorskip("distributed")
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "ddp_project"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker() -> None:
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private cache for synced copies (workers inherit the variable)."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("CLUSTERKIT_WORKDIR_CACHE", str(directory))
+    return directory
+
+
+@pytest.fixture
+def client(cache: Path) -> Iterator[distributed.Client]:
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    )
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def project_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "ddp_project"
+    shutil.copytree(EXAMPLE, target, ignore=shutil.ignore_patterns("snapshot.pt", "__pycache__"))
+    return target
+
+
+def snapshot_runs(path: Path) -> list[int]:
+    state = torch.load(path, weights_only=False)
+    return [run["started_at"] for run in state["runs"]]
+
+
+# ---------------------------------------------------------------- scanning (no processes)
+
+
+@pytest.mark.unit
+def test_scan_follows_ignore_rules(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    for relative in (
+        "main.py",
+        "pkg/util.py",
+        "pkg/data/big.bin",
+        "pkg/keep.txt",
+        ".git/HEAD",
+        "venv/lib/x.py",
+        "__pycache__/main.cpython-311.pyc",
+        "notes/draft.md",
+        "out/result.csv",
+    ):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(relative)
+    (root / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
+    (root / ".gitignore").write_text("out/\n")
+    (root / "pkg" / ".gitignore").write_text("data/\n")
+    (root / ".clusterkitignore").write_text("notes/\n")
+    project = workdir.scan(root)
+    assert [f.path for f in project.files] == [
+        ".clusterkitignore",
+        ".gitignore",
+        "main.py",
+        "pkg/.gitignore",
+        "pkg/keep.txt",
+        "pkg/util.py",
+    ]
+    again = workdir.scan(root)
+    assert again.digest == project.digest and again.key == project.key
+    (root / "main.py").write_text("changed")
+    assert workdir.scan(root).digest != project.digest
+
+
+@pytest.mark.unit
+def test_over_the_cap_names_the_largest_files(tmp_path: Path) -> None:
+    (tmp_path / "small.py").write_text("x = 1\n")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 5000)
+    with pytest.raises(BadInput) as info:
+        workdir.scan(tmp_path, max_size=4096)
+    text = info.value.one_line()
+    assert "over the 4.00 kiB cap" in text and "weights.bin (4.88 kiB)" in text
+    assert "\n" not in text
+
+
+@pytest.mark.local
+def test_cli_over_the_cap_is_one_line_exit_2_before_anything_starts(tmp_path: Path) -> None:
+    project = project_copy(tmp_path)
+    (project / "big.bin").write_bytes(b"\0" * 8192)
+    done = subprocess.run(
+        [sys.executable, "-m", "clusterkit", "train", "train.py", "--workdir-max-size", "4KiB"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "big.bin" in lines[0]
+    assert "Traceback" not in done.stderr and "--workdir-max-size" in lines[0]
+
+
+# ---------------------------------------------------------------- shipping
+
+
+@pytest.mark.local
+def test_unchanged_rerun_uploads_nothing(client, tmp_path: Path, cache: Path) -> None:
+    root = project_copy(tmp_path)
+    project = workdir.scan(root, copy=True)
+    first = workdir.ship(client, project)
+    assert set(first.modes.values()) == {"synced"}
+    # two workers share one cache directory: the project went up once
+    assert first.bytes_sent == project.size
+    assert workdir.ship(client, workdir.scan(root, copy=True)).bytes_sent == 0
+    (root / "model.py").write_text((root / "model.py").read_text() + "\n# edited\n")
+    edited = workdir.ship(client, workdir.scan(root, copy=True))
+    assert edited.bytes_sent == (root / "model.py").stat().st_size
+    copies = list((cache / "projects").glob("ddp_project-*/model.py"))
+    assert len(copies) == 1 and copies[0].read_text().endswith("# edited\n")
+    # on a shared disk the same project runs in place and nothing is sent
+    in_place = workdir.ship(client, workdir.scan(root, copy=False))
+    assert set(in_place.modes.values()) == {"in-place"} and in_place.bytes_sent == 0
+
+
+def read_sibling() -> tuple[str, str]:
+    import model  # a module of the project, found through sys.path[0]
+
+    return os.getcwd(), model.__file__
+
+
+@pytest.mark.local
+def test_late_worker_gets_the_project(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = project_copy(tmp_path)
+    project = workdir.scan(root, copy=True)
+    workdir.ship(client, project)
+    before = set(client.scheduler_info()["workers"])
+    late_cache = tmp_path / "late-cache"  # a disk of its own: nothing there yet
+    monkeypatch.setenv("CLUSTERKIT_WORKDIR_CACHE", str(late_cache))
+    client.cluster.scale(3)
+    client.wait_for_workers(3, timeout=60)
+    (late,) = set(client.scheduler_info()["workers"]) - before
+
+    def run_inside(project: workdir.Project) -> tuple[str, str]:
+        with workdir.entered(project):
+            return read_sibling()
+
+    cwd, module_file = client.submit(run_inside, project, workers=[late], pure=False).result(60)
+    assert cwd.startswith(str(late_cache)) and module_file == os.path.join(cwd, "model.py")
+    assert (Path(cwd) / "config.json").read_bytes() == (root / "config.json").read_bytes()
+
+
+# ---------------------------------------------------------------- the example, end to end
+
+
+@pytest.mark.local
+def test_example_project_in_place_resumes_from_its_snapshot(client, tmp_path: Path) -> None:
+    root = project_copy(tmp_path)
+    assert run_file(str(root / "train.py"), ["1", "1"], client=client) == [None, None]
+    assert run_file(str(root / "train.py"), ["2", "1"], client=client) == [None, None]
+    # the snapshot landed in the user's own directory, and the rerun resumed from epoch 1
+    assert snapshot_runs(root / "snapshot.pt") == [0, 1]
+
+
+@pytest.mark.local
+def test_example_project_synced_resumes_from_checkpoint_dir(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    monkeypatch.setenv(workdir.COPY_ENV, "1")  # as if the workers had a disk of their own
+    root = project_copy(tmp_path)
+    storage = tmp_path / "storage"
+    for epochs in ("1", "2"):
+        results = run_file(
+            str(root / "train.py"), [epochs, "1"], client=client, checkpoint_dir=str(storage)
+        )
+        assert results == [None, None]
+    assert snapshot_runs(storage / "snapshot.pt") == [0, 1]
+    assert not (root / "snapshot.pt").exists()  # ranks ran in the synced copy
+
+
+def save_too_much(ctx) -> None:
+    ctx.save_checkpoint({"weights": torch.zeros(17 * 2**20)})  # 68 MiB
+
+
+@pytest.mark.local
+def test_large_checkpoint_without_storage_names_checkpoint_dir(client, tmp_path: Path) -> None:
+    with pytest.raises(ddp.TrainingFailed, match="checkpoint_dir"):
+        ddp.run(save_too_much, client=client, world_size=1, workdir=None)
+    # with storage the same state is saved, and a later run loads it
+    ddp.run(save_too_much, client=client, world_size=1, workdir=None, checkpoint_dir=str(tmp_path))
+    assert (tmp_path / "checkpoint.pt").stat().st_size > 64 * 2**20
