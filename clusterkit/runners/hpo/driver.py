@@ -32,11 +32,18 @@ import queue
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput, ClusterkitError
 from clusterkit.runners.hpo import inputs
+from clusterkit.runners.hpo.changelog import ChangeLog
+from clusterkit.runners.hpo.dispatch import (
+    Attempt,
+    check_resources,
+    count_slots,
+    is_lost_worker,
+    slots,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -46,50 +53,6 @@ logger = logging.getLogger(__name__)
 
 #: Figures of the last :func:`run` in this process (driver seconds spent per event), for bench/.
 LAST_RUN_STATS: dict[str, float] = {}
-
-
-@dataclass
-class _Attempt:
-    """A trial in flight: its current Dask future and how often it started."""
-
-    number: int
-    trial_id: int
-    future: Future
-    starts: int = 0
-    submits: int = 1
-    workers: list[str] = field(default_factory=list)
-
-
-def _slots(client: Client, resources: Mapping[str, float] | None) -> int:
-    """Trials that can run at once: worker threads, or units of the requested resources."""
-    return _count_slots(client.scheduler_info(n_workers=-1)["workers"].values(), resources)
-
-
-def _count_slots(workers: Any, resources: Mapping[str, float] | None) -> int:
-    if not resources:
-        return sum(int(w.get("nthreads", 1)) for w in workers)
-    total = 0
-    for w in workers:
-        have = w.get("resources") or {}
-        total += min(int(have.get(name, 0) // amount) for name, amount in resources.items())
-    return total
-
-
-def _check_resources(client: Client, resources: Mapping[str, float] | None) -> None:
-    if not resources:
-        return
-    for name, amount in resources.items():
-        if amount <= 0:
-            raise BadInput(f"resources[{name!r}] must be positive, got {amount}")
-    if _slots(client, resources) == 0:
-        info = client.scheduler_info(n_workers=-1)["workers"].values()
-        seen = sorted({k for w in info for k in (w.get("resources") or {})})
-        want = ", ".join(f"{k}={v:g}" for k, v in resources.items())
-        raise BadInput(
-            f"no worker advertises the resources a trial asks for ({want}); "
-            f"the workers offer {', '.join(seen) or 'no resources'}",
-            hint="use a profile with worker.gpus set, or drop --gpus-per-trial",
-        )
 
 
 class _Driver:
@@ -118,28 +81,35 @@ class _Driver:
         self.display = display
         self.topic = f"clusterkit-hpo-{uuid.uuid4().hex[:12]}"
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.inflight: dict[int, _Attempt] = {}
+        self.inflight: dict[int, Attempt] = {}
         self.by_key: dict[Any, int] = {}
         self.done = sum(inputs.counted(t) for t in study.get_trials(deepcopy=False))
         self.directions = [int(d) for d in study.directions]
         self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
         self._slots_value, self._slots_at = 1, -math.inf
+        self._keys = 0
+        self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
 
     # ------------------------------------------------------------------ dispatch
 
-    def _submit(self, attempt_number: int, trial_id: int, submits: int) -> Future:
+    def _submit(
+        self, attempt_number: int, trial_id: int, submits: int, with_base: bool = False
+    ) -> Future:
         import pickle
 
         from clusterkit.runners.hpo.worker import run_trial
 
         sampler = self.study.sampler
         sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
-        key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}"
+        self._keys += 1
+        key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}-{self._keys}"
+        delta, base = self.log.delta(with_base)  # pickled now, on this thread
         future = self.client.submit(
             run_trial,
             self.blob,
             pickle.dumps(sampler),
-            pickle.dumps(self.study.get_trials(deepcopy=False)),  # frozen now, on this thread
+            delta,
+            base,
             self.study.study_name,
             self.directions,
             attempt_number,
@@ -167,7 +137,10 @@ class _Driver:
             info = await scheduler.identity(n_workers=-1)
         except OSError:  # the scheduler is briefly unreachable: keep the last count
             return
-        self._slots_value = max(1, _count_slots(info["workers"].values(), self.resources))
+        workers = info["workers"]
+        self._slots_value = max(1, count_slots(workers.values(), self.resources))
+        self.log.resize(self._slots_value)
+        self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})
 
     def _fill(self) -> None:
         while (
@@ -176,7 +149,8 @@ class _Driver:
             and (self.deadline is None or time.monotonic() < self.deadline)
         ):
             trial = self.study.ask()
-            self.inflight[trial.number] = _Attempt(
+            self.log.add(self.study._storage.get_trial(trial._trial_id))
+            self.inflight[trial.number] = Attempt(
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
             )
         self._refresh_slots()  # after dispatching, so the RPC never delays a trial
@@ -184,8 +158,9 @@ class _Driver:
     def loop(self) -> None:
         self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
         try:
-            self._slots_value = max(1, _slots(self.client, self.resources))
+            self._slots_value = max(1, slots(self.client, self.resources))
             self._slots_at = time.monotonic()
+            self.log.resize(self._slots_value)
             self._fill()
             self._show()
             while self.inflight:
@@ -205,6 +180,7 @@ class _Driver:
         finally:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()
+            self.log.close(self.topic)
 
     def _check_cluster(self) -> None:
         """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
@@ -227,6 +203,7 @@ class _Driver:
         if kind == "start":
             attempt.starts += 1
             attempt.workers.append(msg["worker"])
+            self.log.ack(msg["worker"], msg["version"])
             if max(attempt.starts, attempt.submits) > 1 + self.max_retries:
                 attempt.future.cancel()
                 self._fail_lost(attempt, "its worker died")
@@ -255,7 +232,7 @@ class _Driver:
         except Exception as error:  # a write racing the trial's end must not stop the search
             logger.debug("ignored %s message for trial %s: %s", kind, attempt.number, error)
 
-    def _answer_prune(self, attempt: _Attempt, msg: dict[str, Any]) -> None:
+    def _answer_prune(self, attempt: Attempt, msg: dict[str, Any]) -> None:
         storage = self.study._storage
         frozen = storage.get_trial(attempt.trial_id)
         for step, value in msg["intermediate"]:
@@ -273,10 +250,17 @@ class _Driver:
         if attempt is None or attempt.future.key != future.key:
             return  # a cancelled or superseded attempt
         if future.status == "finished":  # its record did not come as an event: fetch it
-            self._complete(attempt, future.result())
+            record = future.result()
+            if record.get("stale"):  # the worker's mirror was too old: again, with the base
+                self.log.forget(record["worker"])
+                attempt.future = self._submit(
+                    attempt.number, attempt.trial_id, attempt.submits, with_base=True
+                )
+            else:
+                self._complete(attempt, record)
             return
         error = None if future.status == "cancelled" else future.exception()
-        if error is not None and not _is_lost_worker(error):
+        if error is not None and not is_lost_worker(error):
             self._tell(attempt, "FAIL", error=f"{type(error).__name__}: {error}")
             raise error
         tries = max(attempt.starts, attempt.submits)
@@ -287,18 +271,18 @@ class _Driver:
         logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
         attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
 
-    def _complete(self, attempt: _Attempt, record: dict[str, Any]) -> None:
+    def _complete(self, attempt: Attempt, record: dict[str, Any]) -> None:
         # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
         self.inflight.pop(attempt.number, None)
         self.done += 1
         self._fill()
         self._record(attempt, record)
 
-    def _fail_lost(self, attempt: _Attempt, why: str) -> None:
+    def _fail_lost(self, attempt: Attempt, why: str) -> None:
         tries = max(attempt.starts, attempt.submits)
         self._tell(attempt, "FAIL", error=f"trial failed after {tries} attempts: {why}")
 
-    def _record(self, attempt: _Attempt, record: dict[str, Any]) -> None:
+    def _record(self, attempt: Attempt, record: dict[str, Any]) -> None:
         """Apply the worker's authoritative record, then tell the study."""
         import cloudpickle
         from optuna.distributions import json_to_distribution
@@ -323,7 +307,7 @@ class _Driver:
             if not isinstance(error, self.catch):
                 raise error
 
-    def _tell(self, attempt: _Attempt, state: str, values: Any = None, error: str | None = None):
+    def _tell(self, attempt: Attempt, state: str, values: Any = None, error: str | None = None):
         from optuna.trial import TrialState
 
         storage = self.study._storage
@@ -337,6 +321,7 @@ class _Driver:
             self.study.tell(attempt.number, values)
         else:
             self.study.tell(attempt.number, state=TrialState[state])
+        self.log.add(storage.get_trial(attempt.trial_id))
         if self.inflight.pop(attempt.number, None) is not None:
             self.done += 1
 
@@ -353,15 +338,6 @@ class _Driver:
         if self.display is not None:
             busy = len({a.workers[-1] for a in self.inflight.values() if a.workers})
             self.display.update(self.study, len(self.inflight), busy, self.n_trials)
-
-
-def _is_lost_worker(error: BaseException) -> bool:
-    from distributed.comm.core import CommClosedError
-    from distributed.scheduler import KilledWorker
-
-    return isinstance(error, KilledWorker | CommClosedError | OSError) or (
-        type(error).__name__ in {"CancelledError", "FutureCancelledError"}
-    )
 
 
 def run(
@@ -430,8 +406,8 @@ def run(
         from clusterkit.client import get_client
 
         client = get_client()
-    _check_resources(client, resources)
-    if _slots(client, resources) == 0:
+    check_resources(client, resources)
+    if slots(client, resources) == 0:
         client.wait_for_workers(1)
     inputs.recover_orphans(study)
     display = None

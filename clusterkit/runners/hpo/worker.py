@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import pickle
 import time
 import traceback
@@ -15,9 +14,9 @@ import cloudpickle
 import optuna
 from optuna.distributions import distribution_to_json
 from optuna.pruners import BasePruner
-from optuna.storages import InMemoryStorage
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
+from clusterkit.runners.hpo.mirror import TrialView, mirror_for
 
 #: How long a worker waits for the driver's pruning decision before failing the trial.
 PRUNE_REPLY_TIMEOUT = 300.0
@@ -45,6 +44,12 @@ class Channel:
         message = {"kind": kind, "number": self.number, "attempt": self.attempt, **fields}
         self.worker.log_event(self.topic, message)
 
+    def forward_write(self, kind: str, **fields: Any) -> None:
+        """A write to the running trial, as the driver applies it to the study."""
+        if "dist" in fields:
+            fields["dist"] = distribution_to_json(fields["dist"])
+        self.send(kind, **fields)
+
     def ask_prune(self, intermediate: dict[int, float]) -> bool:
         from distributed import Queue
 
@@ -57,53 +62,6 @@ class Channel:
     def close(self) -> None:
         if self._queue is not None:
             self._queue.close()
-
-
-class MirrorStorage(InMemoryStorage):
-    """In-memory copy of the study; writes to the running trial are also sent to the driver."""
-
-    def __init__(self, channel: Channel) -> None:
-        super().__init__()
-        self.channel = channel
-        self.tracked_id = -1
-
-    def adopt_trial(self, study_id: int, trial: FrozenTrial) -> int:
-        """``create_new_trial(template_trial=trial)`` without its deep copy: the snapshot was
-        unpickled for this storage alone, and copying it was most of a dispatch's cost."""
-        try:
-            with self._lock:
-                trial_id = self._max_trial_id + 1
-                self._max_trial_id = trial_id
-                trial.number = len(self._studies[study_id].trials)
-                trial._trial_id = trial_id
-                self._trial_id_to_study_id_and_number[trial_id] = (study_id, trial.number)
-                self._studies[study_id].trials.append(trial)
-                self._update_cache(trial_id, study_id)
-                return trial_id
-        except AttributeError:  # Optuna changed its internals: take the public, slower path
-            return self.create_new_trial(study_id, template_trial=trial)
-
-    def set_trial_param(
-        self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any
-    ) -> None:
-        super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
-        if trial_id == self.tracked_id:
-            self.channel.send(
-                "param",
-                name=param_name,
-                value=param_value_internal,
-                dist=distribution_to_json(distribution),
-            )
-
-    def set_trial_intermediate_value(self, trial_id: int, step: int, value: float) -> None:
-        super().set_trial_intermediate_value(trial_id, step, value)
-        if trial_id == self.tracked_id:
-            self.channel.send("value", step=int(step), value=float(value))
-
-    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        super().set_trial_user_attr(trial_id, key, value)
-        if trial_id == self.tracked_id:
-            self.channel.send("user_attr", key=key, value=value)
 
 
 class DriverPruner(BasePruner):
@@ -121,34 +79,11 @@ def _load_objective(blob: bytes) -> Any:
     return cloudpickle.loads(blob)
 
 
-def _build_mirror(
-    channel: Channel,
-    snapshot: Sequence[FrozenTrial],
-    study_name: str,
-    directions: Sequence[int],
-    number: int,
-) -> tuple[MirrorStorage, int]:
-    storage = MirrorStorage(channel)
-    study_id = storage.create_new_study([StudyDirection(d) for d in directions], study_name)
-    local_id = -1
-    for frozen in snapshot:  # snapshot is ordered by number, so local numbers match
-        trial_id = storage.adopt_trial(study_id, frozen)
-        if frozen.number == number:
-            local_id = trial_id
-    if local_id < 0:
-        raise RuntimeError(f"trial {number} is missing from the study snapshot")
-    storage.tracked_id = local_id
-    return storage, local_id
-
-
-# The mirror study is created per trial; its creation notice is noise on the worker's log.
-logging.getLogger("optuna.storages._in_memory").setLevel(logging.WARNING)
-
-
 def run_trial(
     objective_blob: bytes,
     sampler_blob: bytes,
-    snapshot_blob: bytes,
+    delta_blob: bytes,
+    base: Any,
     study_name: str,
     directions: Sequence[int],
     number: int,
@@ -157,17 +92,26 @@ def run_trial(
 ) -> dict[str, Any]:
     """Run trial ``number`` of the study on this worker and return its full record.
 
-    The sampler arrives pickled with its random state fixed by the driver, so a re-run of this
-    same task (Dask reschedules it when its worker dies) proposes the same parameters.
+    ``delta_blob`` is the driver's change log from a version on (see :mod:`.mirror`); ``base``
+    the log up to some version, or None. A mirror too old for the delta returns
+    ``{"stale": True}`` at once, and the driver sends the task again with a base. The sampler
+    arrives pickled with its random state fixed by the driver, so a re-run of this same task
+    (Dask reschedules it when its worker dies) proposes the same parameters.
     """
     channel = Channel(topic, number, attempt)
+    mirror = mirror_for(topic)
+    since, changes = pickle.loads(delta_blob)
+    if not mirror.update(since, changes, base):
+        return {"stale": True, "number": number, "worker": channel.worker.address}
     start = time.time()
-    channel.send("start", worker=channel.worker.address, time=start)
+    channel.send("start", worker=channel.worker.address, time=start, version=mirror.version)
     objective = _load_objective(objective_blob)
     sampler = pickle.loads(sampler_blob)
-    snapshot = pickle.loads(snapshot_blob)
-    storage, local_id = _build_mirror(channel, snapshot, study_name, directions, number)
+    storage = TrialView(
+        mirror, mirror.trials[number], study_name, directions, channel.forward_write
+    )
     study = optuna.Study(study_name, storage, sampler=sampler, pruner=DriverPruner(channel))
+    local_id = storage.own._trial_id
     record: dict[str, Any] = {"number": number, "error": None, "exception": None, "values": None}
     try:
         result = objective(optuna.Trial(study, local_id))
@@ -185,7 +129,7 @@ def run_trial(
             record["exception"] = None
     finally:
         channel.close()
-    frozen = storage.get_trial(local_id)
+    frozen = storage.own
     record.update(
         params={k: frozen.distributions[k].to_internal_repr(v) for k, v in frozen.params.items()},
         distributions={k: distribution_to_json(d) for k, d in frozen.distributions.items()},

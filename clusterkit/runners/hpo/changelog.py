@@ -1,0 +1,83 @@
+"""The driver's side of the workers' study mirrors (see :mod:`.mirror`): a log of trial
+snapshots, what each live worker acknowledged, and the base snapshot late workers load."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+    from optuna.trial import FrozenTrial
+
+
+class ChangeLog:
+    """Trial snapshots in the order the driver saw them change; a mirror's version is a length.
+
+    A task carries the entries from ``since`` (the oldest version a live worker acknowledged, and
+    never more than ``window`` entries back) to the head: about as many entries as trials that
+    changed while the slowest worker's last task was on its way. While a live worker has not
+    acknowledged anything (it joined late, restarted, or the search just began) tasks also carry
+    the base, the log up to a recent version, scattered once to the workers by Dask.
+    """
+
+    def __init__(self, client: Client, trials: list[FrozenTrial], slots: int) -> None:
+        self.client = client
+        self.entries: list[FrozenTrial] = list(trials)
+        self.acks: dict[str, int] = {}
+        self.live: set[str] = set()
+        self.window = 64
+        self.resize(slots)
+        self._base: Future | None = None
+        self._base_version = -1
+        self.base_builds = 0
+
+    def resize(self, slots: int) -> None:
+        self.window = 2 * slots + 64
+
+    def add(self, trial: FrozenTrial) -> None:
+        self.entries.append(trial)
+
+    def ack(self, worker: str, version: int) -> None:
+        self.acks[worker] = version
+
+    def forget(self, worker: str) -> None:
+        """A worker's mirror was too old or is gone: send it the base until it acknowledges."""
+        self.acks.pop(worker, None)
+
+    def set_live(self, workers: set[str]) -> None:
+        self.live = workers
+        for gone in set(self.acks) - workers:
+            del self.acks[gone]
+
+    def _needs_base(self) -> bool:
+        return not self.acks or not self.live <= self.acks.keys()
+
+    def _base_for(self, head: int) -> tuple[Future, int]:
+        if self._base is None or head - self._base_version > self.window // 2:
+            version = head
+            self._base = self.client.scatter(
+                (version, self.entries[:version]), broadcast=True, hash=False
+            )
+            self._base_version = version
+            self.base_builds += 1
+        return self._base, self._base_version
+
+    def delta(self, with_base: bool = False) -> tuple[bytes, Future | None]:
+        """The pickled ``(since, entries)`` a task carries, and the base future or None."""
+        head = len(self.entries)
+        since = max(min(self.acks.values(), default=head), head - self.window)
+        base: Any = None
+        if with_base or self._needs_base():
+            base, version = self._base_for(head)
+            since = min(since, version)
+        return pickle.dumps((since, self.entries[since:head])), base
+
+    def close(self, topic: str) -> None:
+        """Drop the workers' mirrors of this search and the base."""
+        from clusterkit.runners.hpo.mirror import drop_mirror
+
+        self._base = None
+        with contextlib.suppress(Exception):  # a gone cluster has no mirrors left to drop
+            self.client.run(drop_mirror, topic)

@@ -1,0 +1,65 @@
+"""Slots, resources and attempts: what the driver's dispatch loop counts on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.errors import BadInput
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+
+@dataclass
+class Attempt:
+    """A trial in flight: its current Dask future and how often it started."""
+
+    number: int
+    trial_id: int
+    future: Future
+    starts: int = 0
+    submits: int = 1
+    workers: list[str] = field(default_factory=list)
+
+
+def slots(client: Client, resources: Mapping[str, float] | None) -> int:
+    """Trials that can run at once: worker threads, or units of the requested resources."""
+    return count_slots(client.scheduler_info(n_workers=-1)["workers"].values(), resources)
+
+
+def count_slots(workers: Any, resources: Mapping[str, float] | None) -> int:
+    if not resources:
+        return sum(int(w.get("nthreads", 1)) for w in workers)
+    total = 0
+    for w in workers:
+        have = w.get("resources") or {}
+        total += min(int(have.get(name, 0) // amount) for name, amount in resources.items())
+    return total
+
+
+def check_resources(client: Client, resources: Mapping[str, float] | None) -> None:
+    if not resources:
+        return
+    for name, amount in resources.items():
+        if amount <= 0:
+            raise BadInput(f"resources[{name!r}] must be positive, got {amount}")
+    if slots(client, resources) == 0:
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        seen = sorted({k for w in info for k in (w.get("resources") or {})})
+        want = ", ".join(f"{k}={v:g}" for k, v in resources.items())
+        raise BadInput(
+            f"no worker advertises the resources a trial asks for ({want}); "
+            f"the workers offer {', '.join(seen) or 'no resources'}",
+            hint="use a profile with worker.gpus set, or drop --gpus-per-trial",
+        )
+
+
+def is_lost_worker(error: BaseException) -> bool:
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(error, KilledWorker | CommClosedError | OSError) or (
+        type(error).__name__ in {"CancelledError", "FutureCancelledError"}
+    )
