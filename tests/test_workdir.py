@@ -218,3 +218,49 @@ def test_large_checkpoint_without_storage_names_checkpoint_dir(client, tmp_path:
     # with storage the same state is saved, and a later run loads it
     ddp.run(save_too_much, client=client, world_size=1, workdir=None, checkpoint_dir=str(tmp_path))
     assert (tmp_path / "checkpoint.pt").stat().st_size > 64 * 2**20
+
+
+# ---------------------------------------------------------------- HPO
+
+
+OBJECTIVE = """
+import os
+from pathlib import Path
+
+from shapes import toy_data
+
+OFFSET = float(Path(__file__).with_name("offset.txt").read_text())
+
+
+def objective(trial):
+    x = trial.suggest_float("x", -3, 3)
+    trial.set_user_attr("cwd", os.getcwd())
+    return float(sum((x - v) ** 2 for v in toy_data())) + OFFSET
+"""
+
+
+@pytest.mark.local
+def test_hpo_objective_imports_a_sibling_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, cache: Path
+) -> None:
+    optuna = pytest.importorskip("optuna")
+    from clusterkit.cli import main
+
+    project = tmp_path / "search"
+    project.mkdir()
+    (project / "obj.py").write_text(OBJECTIVE)
+    (project / "shapes.py").write_text("def toy_data():\n    return [1.0, 2.0]\n")
+    (project / "offset.txt").write_text("10\n")
+    monkeypatch.chdir(tmp_path)  # not the project: the default workdir is the file's directory
+    monkeypatch.setenv(workdir.COPY_ENV, "1")  # trials run in the synced copy
+    main(["hpo", "search/obj.py:objective", "--trials", "3", "--no-progress", "-p", "local"])
+    study = optuna.load_study(
+        study_name="obj-objective",
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(tmp_path / "obj-objective.optuna.log"))
+        ),
+    )
+    trials = study.get_trials(states=[optuna.trial.TrialState.COMPLETE])
+    assert len(trials) == 3 and all(t.value >= 10.5 for t in trials)
+    assert {Path(t.user_attrs["cwd"]).parent for t in trials} == {cache / "projects"}
+    assert "best trial" in capsys.readouterr().err

@@ -2,7 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import typer
+
+
+def _project(target: str, workdir: str | None, max_size: str | None) -> Any:
+    """The objective's project, scanned now: too big or missing fails before anything starts."""
+    from clusterkit.runners.workdir import parse_max_size, scan
+
+    limit = parse_max_size("--workdir-max-size", max_size) if max_size else None
+    if workdir is None:
+        path = Path(target.rpartition(":")[0])
+        if not path.is_file():
+            return None  # load_objective names the missing file
+        workdir = str(path.resolve().parent)
+    return scan(workdir, max_size=limit)
+
+
+@contextlib.contextmanager
+def _on_path(directory: str | None) -> Iterator[None]:
+    """The project first on ``sys.path`` while the driver loads the objective (sibling
+    imports work as under ``python FILE.py``)."""
+    if directory is None:
+        yield
+        return
+    sys.path.insert(0, directory)
+    try:
+        yield
+    finally:
+        sys.path.remove(directory)
 
 
 def hpo(
@@ -18,6 +51,13 @@ def hpo(
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
     out: str = typer.Option(None, "--out", help="Results folder; default ./STUDY-results."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress."),
+    workdir: str = typer.Option(
+        None, "--workdir", help="Project directory trials run in (default: the file's)."
+    ),
+    no_workdir: bool = typer.Option(False, "--no-workdir", help="Ship the objective alone."),
+    workdir_max_size: str = typer.Option(
+        None, "--workdir-max-size", help="Largest project to copy, e.g. 200MiB (100MiB)."
+    ),
 ) -> None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage."""
     from clusterkit.errors import BadInput
@@ -33,7 +73,9 @@ def hpo(
 
     from clusterkit.runners.hpo import inputs as hpo_inputs
 
-    objective = hpo_inputs.load_objective(target)
+    project = None if no_workdir else _project(target, workdir, workdir_max_size)
+    with _on_path(project.root if project is not None else None):
+        objective = hpo_inputs.load_objective(target)
     if profile is not None:  # an unknown profile fails here, before anything starts
         from clusterkit.profiles import load_profile
 
@@ -59,6 +101,7 @@ def hpo(
             timeout=timeout,
             progress=progress,
             out=folder,
+            workdir=project,
         )
     finally:
         client.close()

@@ -30,8 +30,10 @@ __all__ = [
     "DEFAULT_MAX_SIZE",
     "MAX_SIZE_ENV",
     "Project",
+    "ProjectCall",
     "Shipment",
     "entered",
+    "in_project",
     "parse_max_size",
     "resolve",
     "scan",
@@ -69,6 +71,41 @@ def resolve(
             return None
         workdir = cwd
     return scan(workdir, max_size=max_size)
+
+
+class ProjectCall:
+    """``fn`` run inside ``project`` on the worker; unpickled there, after the project is on
+    ``sys.path``, so the modules it uses by reference are the project's own."""
+
+    def __init__(self, fn: Callable[..., Any], project: Project) -> None:
+        import cloudpickle
+
+        self.blob = cloudpickle.dumps(fn)
+        self.project = project
+        self.__name__ = getattr(fn, "__name__", "objective")
+        self.__wrapped__: Callable[..., Any] | None = fn
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "__wrapped__": None}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import cloudpickle
+
+        with entered(self.project):
+            if self.__wrapped__ is None:  # kept: the worker caches this object per project
+                self.__wrapped__ = cloudpickle.loads(self.blob)
+            return self.__wrapped__(*args, **kwargs)
+
+
+def in_project(
+    client: Any, fn: Callable[..., Any], workdir: str | os.PathLike[str] | Project | None
+) -> Callable[..., Any]:
+    """Driver side: ship the project (``resolve(workdir, fn)``) and wrap ``fn`` to run in it."""
+    project = resolve(workdir, fn)
+    if project is None:
+        return fn
+    ship(client, project)
+    return ProjectCall(fn, project)
 
 
 def _purge_stale_modules(directory: str, digest: str) -> None:
