@@ -357,6 +357,7 @@ def run(
     timeout: float | None = None,
     progress: bool = True,
     out: str | None = None,
+    workdir: Any = "auto",
 ) -> optuna.Study:
     """Run an Optuna search with every worker slot busy until ``n_trials`` trials finished.
 
@@ -384,6 +385,10 @@ def run(
         Show a live progress display and the best trials on the terminal.
     out
         Folder for ``trials.csv`` and the plots (HTML and PNG).
+    workdir
+        The project directory trials run in (working directory, first on ``sys.path``): in
+        place where a worker sees it at the same path, else a synced copy. ``"auto"``: the
+        current directory when the objective's module lives under it; None: off.
     """
     import cloudpickle
     import optuna
@@ -406,6 +411,9 @@ def run(
         from clusterkit.client import get_client
 
         client = get_client()
+    from clusterkit.runners.workdir import in_project
+
+    objective = in_project(client, objective, workdir)
     check_resources(client, resources)
     if slots(client, resources) == 0:
         client.wait_for_workers(1)
