@@ -1,13 +1,17 @@
 """`clusterkit up` of a slurm profile vs a raw dask-jobqueue SLURMCluster of the same shape.
 
-One run against a private single-node SLURM on 127.0.0.1 (started as in the tests; needs root
-and scripts/setup/20-slurm.sh), repetitions interleaved with the order alternated. Each side is
-timed from the call to "all workers connected": the clusterkit side is `api.up` (detached
-supervisor, job submission, readiness, record), the baseline `SLURMCluster(...)` +
-`scale(n)` + `client.wait_for_workers(n)`; a third column times the backend's `create_cluster`
-in-process, to split backend and lifecycle (supervisor process) cost; a fourth runs the
-baseline as a script in a new interpreter, which pays Python start and `import distributed`
-as `up`'s supervisor does. Prints per-repetition times, medians and the ratios (target <= 1.1).
+One run against a private single-node SLURM on 127.0.0.1 (started as tests/slurm.py does; needs
+root and scripts/setup/20-slurm.sh), repetitions interleaved with the order alternated
+(bench/_side_by_side.py). Each side is timed until the workers joined:
+- clusterkit up (CLI): `clusterkit up PROFILE.yaml` in a fresh process, until it returns
+  (the supervisor forked from it submitted the jobs and saw the workers join);
+  `clusterkit down` afterwards;
+- raw SLURMCluster, fresh python: the same shape (`clusterkit profiles render` of the profile:
+  1 worker per job, 1 core, 1 GiB, loopback, dashboard on a free loopback port) as a script in
+  a new interpreter, until it prints; the target's baseline (<= 1.1);
+- raw SLURMCluster, in-process: in this process (no interpreter start, no imports): reference;
+- backend only: the slurm backend's ``create`` in this process (no CLI, supervisor or record).
+After each side the queue must be empty and no job process left.
 
     .venv/bin/python bench/slurm_up.py [--reps 5] [--workers 2]
 """
@@ -15,128 +19,91 @@ as `up`'s supervisor does. Prints per-repetition times, medians and the ratios (
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _side_by_side as B
 
 from tests import slurm as S
 
-SHAPE = {"cores": 1, "memory": "1GiB", "walltime": "00:10:00", "queue": S.PARTITION}
+NAME = "bench-slurm"
 
 
-def raw(workers: int, logs: str) -> float:
-    from dask_jobqueue import SLURMCluster
-    from distributed import Client
+def shape(logs: str) -> dict:
+    """SLURMCluster keywords matching the profile below (its rendered job script)."""
+    return {
+        "queue": S.PARTITION,
+        "cores": 1,
+        "processes": 1,
+        "memory": "1GiB",
+        "walltime": "00:10:00",
+        "log_directory": logs,
+        "python": sys.executable,
+        "death_timeout": 60,
+        "worker_extra_args": ["--host", "127.0.0.1"],
+        "scheduler_options": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "dashboard_address": "127.0.0.1:0",
+        },
+    }
 
-    started = time.perf_counter()
-    cluster = SLURMCluster(
-        processes=1,
-        log_directory=logs,
-        python=sys.executable,
-        scheduler_options={"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"},
-        **SHAPE,
+
+def profile_yaml(logs: str, workers: int) -> str:
+    return json.dumps(  # JSON is YAML
+        {
+            "backend": "slurm",
+            "queue": S.PARTITION,
+            "workers": workers,
+            "processes": 1,
+            "cores": 1,
+            "memory": "1GiB",
+            "walltime": "00:10:00",
+            "log_directory": logs,
+            "python": sys.executable,
+            "start_timeout": "120s",
+        },
+        indent=1,
     )
-    cluster.scale(workers)
-    with Client(cluster) as client:
-        client.wait_for_workers(workers)
-        elapsed = time.perf_counter() - started
-    cluster.close()
-    return elapsed
 
 
-RAW_SCRIPT = """
-import sys
+RAW_FRESH = (
+    """
+import sys, json
 from dask_jobqueue import SLURMCluster
-from distributed import Client
-
-cluster = SLURMCluster(
-    processes=1, log_directory=sys.argv[2], python=sys.executable,
-    scheduler_options={"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"},
-    **SHAPE,
-)
-cluster.scale(int(sys.argv[1]))
-with Client(cluster) as client:
-    client.wait_for_workers(int(sys.argv[1]))
-    print("ready", flush=True)
-    sys.stdin.readline()  # the timer stopped; now close
-cluster.close()
+N_WORKERS = int(sys.argv[2])
+cluster = SLURMCluster(**json.loads(sys.argv[1]))
+cluster.scale(N_WORKERS)
 """
+    + B.WAIT_AND_HOLD
+)
 
 
-def raw_fresh(workers: int, logs: str) -> float:
-    """The baseline as a script in a new interpreter: it pays imports, as the supervisor does."""
-    import subprocess
+def raw_inprocess(kwargs: dict, workers: int) -> float:
+    from dask_jobqueue import SLURMCluster
 
-    script = f"SHAPE = {SHAPE!r}\n{RAW_SCRIPT}"
     started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, str(workers), logs],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None and child.stdin is not None
-    assert child.stdout.readline().strip() == "ready"
-    elapsed = time.perf_counter() - started
-    child.stdin.write("\n")
-    child.stdin.close()
-    child.wait(timeout=60)
-    return elapsed
+    cluster = SLURMCluster(**kwargs)
+    try:
+        cluster.scale(workers)
+        B.wait_workers(cluster, workers)
+        return time.perf_counter() - started
+    finally:
+        cluster.close()
 
 
-def clusterkit_up(workers: int, logs: str) -> float:
-    from clusterkit import api
-    from clusterkit.schema import SLURMProfile
-
-    name = f"bench-slurm-{uuid.uuid4().hex[:6]}"
-    profile = SLURMProfile.model_validate(
-        {
-            "backend": "slurm",
-            "workers": workers,
-            "log_directory": logs,
-            "start_timeout": 120,
-            **SHAPE,
-        }
-    ).named(name)
-    started = time.perf_counter()
-    api.up(profile)  # returns once the workers joined
-    elapsed = time.perf_counter() - started
-    api.down(name)
-    return elapsed
-
-
-def backend_only(workers: int, logs: str) -> float:
-    """The slurm backend's create_cluster in this process: its cost without the supervisor."""
-    from distributed import Client
-
-    from clusterkit.backends.jobqueue.backend import SLURMBackend
-
-    SLURM = SLURMBackend()
-    from clusterkit.schema import SLURMProfile
-    from clusterkit.security import ClusterSecurity
-
-    profile = SLURMProfile.model_validate(
-        {
-            "backend": "slurm",
-            "workers": workers,
-            "log_directory": logs,
-            **SHAPE,
-            "scheduler": {"dashboard": False},
-        }
-    ).named("bench-backend")
-    started = time.perf_counter()
-    cluster = SLURM.create(profile, ClusterSecurity(), name="bench")  # type: ignore[arg-type]
-    with Client(cluster) as client:
-        client.wait_for_workers(workers)
-        elapsed = time.perf_counter() - started
-    cluster.close()
-    return elapsed
+def up_cli(path: str, env: dict[str, str]) -> float:
+    try:
+        return B.run_cli("up", path, "--name", NAME, env=env)
+    finally:
+        B.run_cli("down", NAME, env=env)
 
 
 def main() -> None:
@@ -148,45 +115,50 @@ def main() -> None:
     if absent:
         sys.exit(f"cannot run: SLURM is not installed (missing {absent})")
     with tempfile.TemporaryDirectory() as scratch:
-        os.environ.setdefault("CLUSTERKIT_STATE_DIR", f"{scratch}/state")
-        slurm = S.start(Path(scratch) / "slurm")
+        slurm = S.start(Path(scratch) / "slurm")  # before the token: daemons are no leftovers
         os.environ.update(slurm.env())
+        env = B.bench_env(CLUSTERKIT_STATE_DIR=f"{scratch}/state")
         logs = f"{scratch}/joblogs"
-        times: dict[str, list[float]] = {
-            "raw SLURMCluster": [],
-            "clusterkit up": [],
-            "backend only": [],
-            "raw, new process": [],
-        }
+        path = Path(scratch) / "slurm-bench.yaml"
+        path.write_text(profile_yaml(logs, args.workers))
+        kwargs = shape(logs)
+
+        def queue_empty(_label: str) -> list[str]:
+            return [f"job left in the queue: {job}" for job in slurm.empty_queue()]
+
         try:
-            for rep in range(args.reps):
-                order = [
-                    ("raw SLURMCluster", raw),
-                    ("clusterkit up", clusterkit_up),
-                    ("backend only", backend_only),
-                    ("raw, new process", raw_fresh),
-                ]
-                for label, fn in order if rep % 2 == 0 else reversed(order):
-                    times[label].append(fn(args.workers, logs))
-                    left = slurm.empty_queue()
-                    assert not left, f"jobs left after {label}: {left}"
-                print(
-                    f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()),
-                    flush=True,
-                )
+            print(f"slurm up until {args.workers} workers joined; load {B.load()}", flush=True)
+            times = B.interleave(
+                [
+                    B.Side("clusterkit up (CLI)", lambda: up_cli(str(path), env)),
+                    B.Side(
+                        "raw SLURMCluster, fresh python",
+                        lambda: B.run_fresh(
+                            RAW_FRESH, json.dumps(kwargs), str(args.workers), env=env
+                        ),
+                    ),
+                    B.Side(
+                        "raw SLURMCluster, in-process", lambda: raw_inprocess(kwargs, args.workers)
+                    ),
+                    B.Side(
+                        "backend only, in-process",
+                        lambda: B.backend_only(str(path), args.workers),
+                    ),
+                ],
+                args.reps,
+                check=queue_empty,
+            )
         finally:
             slurm.stop()
-    base = statistics.median(times["raw SLURMCluster"])
-    ours = statistics.median(times["clusterkit up"])
-    backend = statistics.median(times["backend only"])
-    fresh = statistics.median(times["raw, new process"])
-    ratios = [o / b for o, b in zip(times["clusterkit up"], times["raw SLURMCluster"], strict=True)]
-    print(
-        f"median raw SLURMCluster {base:.2f}s, clusterkit up {ours:.2f}s, "
-        f"ratio {ours / base:.2f} (per-rep median {statistics.median(ratios):.2f}, "
-        f"target <= 1.1), {args.workers} workers, {args.reps} reps; backend alone "
-        f"{backend:.2f}s (ratio {backend / base:.2f}); raw in a new process {fresh:.2f}s "
-        f"(clusterkit up / that {ours / fresh:.2f})"
+    B.table(
+        times,
+        "clusterkit up (CLI)",
+        "raw SLURMCluster, fresh python",
+        1.1,
+        {
+            "raw SLURMCluster, in-process": "no interpreter start or imports: reference only",
+            "backend only, in-process": "clusterkit's slurm backend create, no CLI/supervisor",
+        },
     )
 
 
