@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 #: Exit codes used by the CLI's single error boundary.
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 1
+
+#: Bad input is reported in one line of at most this many characters.
+MAX_LINE = 300
+#: An echoed value (or field name) is cut to this many characters.
+MAX_ECHO = 60
+
+_LINE_BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def cut(text: str, limit: int = MAX_ECHO) -> str:
+    """``text`` at most ``limit`` characters, the cut marked with '...'."""
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+def shorten(value: Any, limit: int = MAX_ECHO) -> str:
+    """The repr of a bad value for a message: one line, at most ``limit`` characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print (sys.set_int_max_str_digits)
+        text = f"<an integer of {value.bit_length()} bits>"
+    return cut(printable(text), limit)
+
+
+def printable(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped (a name in a message)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def fit(text: str, limit: int = MAX_LINE) -> str:
+    """The last guard of bad-input messages: one line, at most ``limit`` characters."""
+    return cut(_LINE_BREAKS.sub(" ", text), limit)
 
 
 class ClusterkitError(Exception):
@@ -24,9 +59,15 @@ class ClusterkitError(Exception):
 
 
 class BadInput(ClusterkitError):
-    """Input the user can fix: a bad argument, a missing file, an unknown name."""
+    """Input the user can fix: a bad argument, a missing file, an unknown name.
+
+    Its ``one_line()`` is one line of at most ``MAX_LINE`` characters, whatever it echoes.
+    """
 
     exit_code = EXIT_BAD_INPUT
+
+    def one_line(self) -> str:
+        return fit(super().one_line())
 
 
 class ProfileError(BadInput):
@@ -50,9 +91,9 @@ class ProfileError(BadInput):
         where = ""
         if self.file:
             where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
-        field = f"{self.field}: " if self.field else ""
+        field = f"{cut(printable(self.field), 2 * MAX_ECHO)}: " if self.field else ""
         text = f"{where}{field}{self.message}"
-        return f"{text} ({self.hint})" if self.hint else text
+        return fit(f"{text} ({self.hint})" if self.hint else text)
 
 
 class ProfileNotFound(ProfileError):

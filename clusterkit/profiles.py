@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from clusterkit.errors import ProfileError, ProfileNotFound
+from clusterkit.errors import ProfileError, ProfileNotFound, shorten
+from clusterkit.errors import cut as cut_text
 from clusterkit.schema import NAME_PATTERN, ProfileCommon
 from clusterkit.yamlmap import Located, Path_, display, dotted, read_file
 
@@ -47,7 +48,7 @@ def discover() -> dict[str, Path]:
 def check_name(name: str) -> None:
     if not NAME_PATTERN.match(name) or ".." in name:
         raise ProfileError(
-            f"profile name {name!r} is not a plain name",
+            f"profile name {shorten(name)} is not a plain name",
             hint="use letters, digits, '-', '_' and '.', without path separators",
         )
 
@@ -62,8 +63,12 @@ def find(ref: str | os.PathLike[str]) -> Path:
     text = os.fspath(ref)
     if is_path(text):
         path = Path(text)
-        if not path.is_file():
-            raise ProfileNotFound(f"no profile file {text!r}")
+        try:
+            found = path.is_file()
+        except OSError:  # a name too long for the filesystem, say
+            found = False
+        if not found:
+            raise ProfileNotFound(f"no profile file {shorten(text)}")
         return path
     check_name(text)
     for directory in search_path():
@@ -167,12 +172,13 @@ def _interpolate(located: Located) -> None:
                 if default is not None:
                     return default
                 file, line = located.lines.get(path, (None, None))
+                shown = cut_text(name)
                 raise ProfileError(
-                    f"environment variable {name} is not set",
+                    f"environment variable {shown} is not set",
                     file=file,
                     line=line,
                     field=dotted(path),
-                    hint=f"export {name}=... or write ${{{name}:-default}}",
+                    hint=f"export {shown}=... or write ${{{shown}:-default}}",
                 )
             return value
 
@@ -219,35 +225,50 @@ def _walk_model_fields(model: type[Any], loc: tuple[Any, ...]) -> list[str]:
 _UNION_MEMBER = re.compile(r"[\[\(]|^(int|float|str|bool|none|list|dict)$")
 
 
-def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Drop pydantic's union-member labels (``function-before[...]``, ``int``) from a loc."""
-    return tuple(p for p in loc if isinstance(p, int) or not _UNION_MEMBER.search(str(p)))
+def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """Drop pydantic's union-member labels (``function-before[...]``, ``int``) from a loc.
+
+    A part that is a key of the profile's data where it stands is kept, whatever its name.
+    """
+    kept: list[Any] = []
+    for part in loc:
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if in_list or (isinstance(data, dict) and part in data):
+            data = data[part]
+        elif isinstance(part, int) or not _UNION_MEMBER.search(str(part)):
+            data = None
+        else:
+            continue
+        kept.append(part)
+    return tuple(kept)
 
 
-def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]:
+def _friendly(
+    error: dict[str, Any], model: type[Any], loc: tuple[Any, ...]
+) -> tuple[str, str | None]:
     kind = error["type"]
-    loc = _clean_loc(tuple(error["loc"]))
-    value = error.get("input")
+    value = shorten(error.get("input"))
     if kind == "extra_forbidden":
         fields = _walk_model_fields(model, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-        return "unknown field", (
-            f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(sorted(fields))}"
-        )
+        close = difflib.get_close_matches(str(loc[-1]) if loc else "", fields, n=1)
+        known = ", ".join(sorted(fields))
+        if len(known) > 120:
+            known = f"{cut_text(known, 120)} (see `clusterkit profiles schema`)"
+        return "unknown field", f"did you mean '{close[0]}'?" if close else f"known fields: {known}"
     if kind == "missing":
         return "required field is missing", None
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
         choices = re.findall(r"'([^']*)'", expected)
-        close = difflib.get_close_matches(str(value), choices, n=1)
+        close = difflib.get_close_matches(str(error.get("input")), choices, n=1)
         return (
-            f"expected one of {expected}, got {value!r}",
+            f"expected one of {expected}, got {value}",
             f"did you mean '{close[0]}'?" if close else None,
         )
     if kind == "value_error":
         return str(error["msg"]).removeprefix("Value error, "), None
     if kind in {"string_pattern_mismatch"}:
-        return f"{value!r} has the wrong form", None
+        return f"{value} has the wrong form", None
     ctx = error.get("ctx", {})
     bounds = {
         "greater_than_equal": ("at least", "ge"),
@@ -257,7 +278,7 @@ def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]
     }
     if kind in bounds:
         word, key = bounds[kind]
-        return f"must be {word} {ctx.get(key)}, got {value!r}", None
+        return f"must be {word} {ctx.get(key)}, got {value}", None
     expected = {
         "int": "an integer",
         "float": "a number",
@@ -269,7 +290,7 @@ def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]
     }
     for prefix, noun in expected.items():
         if kind.startswith(prefix + "_") or kind == f"{prefix}_type":
-            return f"expected {noun}, got {value!r}", None
+            return f"expected {noun}, got {value}", None
     if kind in {"too_short", "too_long"}:
         return str(error["msg"]).lower(), None
     message = str(error["msg"])
@@ -279,11 +300,12 @@ def _friendly(error: dict[str, Any], model: type[Any]) -> tuple[str, str | None]
 def validate(located: Located, name: str, source: str) -> ProfileCommon:
     from pydantic import ValidationError
 
-    from clusterkit.backends.base import names, profile_model
+    from clusterkit.backends.base import BUILTIN, names, profile_model
 
     data = located.data
-    known = names()
     backend = data.get("backend")
+    # entry points are read only when needed: importlib.metadata takes ~20 ms a call
+    known = list(BUILTIN) if isinstance(backend, str) and backend in BUILTIN else names()
     file, line = located.lines.get(("backend",), (source, 1))
     if backend is None:
         raise ProfileError(
@@ -296,7 +318,7 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
     if not isinstance(backend, str) or backend not in known:
         close = difflib.get_close_matches(str(backend), known, n=1)
         raise ProfileError(
-            f"unknown backend {backend!r}",
+            f"unknown backend {shorten(backend)}",
             file=file,
             line=line,
             field="backend",
@@ -309,12 +331,12 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
         errors: list[Any] = list(error.errors(include_url=False))
 
         def line_of(err: dict[str, Any]) -> int:
-            return _line_for(located, _clean_loc(tuple(err["loc"])))[1] or 0
+            return _line_for(located, _clean_loc(tuple(err["loc"]), data))[1] or 0
 
         first = min(errors, key=line_of)
-        loc = _clean_loc(tuple(first["loc"]))
+        loc = _clean_loc(tuple(first["loc"]), data)
         where_file, where_line = _line_for(located, loc)
-        message, hint = _friendly(first, model)
+        message, hint = _friendly(first, model, loc)
         raise ProfileError(
             message, file=where_file or source, line=where_line, field=dotted(loc), hint=hint
         ) from None

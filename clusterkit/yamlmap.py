@@ -7,16 +7,18 @@ and merge keys are errors, and every error names file, line and field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from clusterkit.errors import ProfileError
+from clusterkit.errors import ProfileError, cut, printable, shorten
 
 MAX_NODES = 10_000  # alias-expansion bombs stop here
 MAX_BYTES = 1 << 20
+MAX_DEPTH = 32  # nesting of lists and mappings; a profile needs four or five
 
 _STANDARD_TAGS = {
     "tag:yaml.org,2002:str",
@@ -96,15 +98,17 @@ class _Reader:
         self.nodes += 1
         if self.nodes > MAX_NODES:
             self.fail(node, f"document expands to more than {MAX_NODES} nodes (alias bomb?)")
+        if len(path) > MAX_DEPTH:
+            self.fail(node, f"nested deeper than {MAX_DEPTH} levels", path[:1])
         if node.tag not in _STANDARD_TAGS:
             if node.tag.startswith("tag:yaml.org,2002:python/") or node.tag.startswith("!"):
                 self.fail(
                     node,
-                    f"YAML tag {node.tag!r} is not allowed",
+                    f"YAML tag {shorten(node.tag)} is not allowed",
                     path,
                     hint="profiles are plain data; remove the tag",
                 )
-            self.fail(node, f"unsupported YAML type {node.tag!r}", path)
+            self.fail(node, f"unsupported YAML type {shorten(node.tag)}", path)
         self.lines.setdefault(path, (self.shown, node.start_mark.line + 1))
         if isinstance(node, yaml.MappingNode):
             result: dict[str, Any] = {}
@@ -120,19 +124,46 @@ class _Reader:
                         hint="use `extends: other-profile` instead",
                     )
                 if key in result:
-                    self.fail(key_node, f"duplicate key '{key}'", (*path, key))
+                    self.fail(key_node, f"duplicate key '{cut(printable(key))}'", (*path, key))
                 self.lines[(*path, key)] = (self.shown, key_node.start_mark.line + 1)
                 result[key] = self.convert(value_node, (*path, key))
             return result
         if isinstance(node, yaml.SequenceNode):
             return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
-        return _LOADER.construct_object(node)
+        try:
+            return _LOADER.construct_object(node)
+        except ValueError:  # an integer of more than 4300 digits
+            self.fail(node, f"number {cut(str(node.value))} is too large", path)
 
 
 _LOADER = yaml.SafeLoader("")
 
 
-def _yaml_problem(error: yaml.YAMLError) -> tuple[int | None, str, str | None]:
+class _TooDeep(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _DepthLimited(yaml.SafeLoader):
+    """Stops composing below ``MAX_DEPTH``: PyYAML recurses, and is quadratic in flow depth."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self._depth >= MAX_DEPTH:
+            raise _TooDeep(self.peek_event().start_mark.line + 1)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        finally:
+            self._depth -= 1
+
+
+def _yaml_problem(error: yaml.YAMLError, text: str) -> tuple[int | None, str, str | None]:
+    if isinstance(error, yaml.reader.ReaderError):  # a control character; no problem_mark
+        at = text[: error.position].count("\n") + 1
+        return at, f"YAML syntax: control character #x{error.character:04x} is not allowed", None
     mark = getattr(error, "problem_mark", None)
     line = mark.line + 1 if mark is not None else None
     problem = getattr(error, "problem", None) or str(error)
@@ -141,6 +172,15 @@ def _yaml_problem(error: yaml.YAMLError) -> tuple[int | None, str, str | None]:
     context = getattr(error, "context", None)
     text = f"YAML syntax: {problem}" + (f" ({context})" if context else "")
     return line, text, None
+
+
+def _top_level_key(text: str, line: int) -> str | None:
+    """The top-level key written at or above ``line`` (block style), to name a field."""
+    for row in reversed(text.splitlines()[:line]):
+        match = re.match(r"([A-Za-z_][\w.-]*)\s*:", row)
+        if match:
+            return match.group(1)
+    return None
 
 
 def read_file(path: Path) -> Located:
@@ -157,10 +197,17 @@ def read_file(path: Path) -> Located:
             hint="a profile is a mapping with at least `backend:`",
         )
     try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        nodes = list(yaml.compose_all(text, Loader=_DepthLimited))
     except yaml.YAMLError as error:
-        line, message, hint = _yaml_problem(error)
+        line, message, hint = _yaml_problem(error, text)
         raise ProfileError(message, file=shown, line=line, hint=hint) from None
+    except _TooDeep as error:
+        raise ProfileError(
+            f"nested deeper than {MAX_DEPTH} levels",
+            file=shown,
+            line=error.line,
+            field=_top_level_key(text, error.line),
+        ) from None
     nodes = [n for n in nodes if n is not None]
     if len(nodes) != 1:
         raise ProfileError(

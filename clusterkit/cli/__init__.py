@@ -101,7 +101,9 @@ def _exit_on_click_error(error: Any) -> NoReturn:
     if any(cls.__name__ == "NoArgsIsHelpError" for cls in type(error).__mro__):
         typer.echo(error.format_message())
         sys.exit(0)
-    text = " ".join(str(error.format_message()).split())
+    from clusterkit.errors import cut
+
+    text = cut(" ".join(str(error.format_message()).split()), 200)  # echoed arguments: cut
     if ctx is not None:
         text += f" (see '{ctx.command_path} --help')"
     sys.stderr.write(f"error: {text}\n")
