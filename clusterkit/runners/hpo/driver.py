@@ -439,6 +439,8 @@ def run(
     finally:
         if display is not None:
             display.close()
+        if hasattr(objective, "warnings_summary"):  # each warning once, with a count
+            objective.warnings_summary("trials")
     LAST_RUN_STATS.update(overhead_s=driver.overhead, trials=driver.done)
     if out is not None:
         from clusterkit.runners.hpo.report import write_results
