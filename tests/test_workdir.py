@@ -225,6 +225,7 @@ def test_large_checkpoint_without_storage_names_checkpoint_dir(client, tmp_path:
 
 OBJECTIVE = """
 import os
+import warnings
 from pathlib import Path
 
 from shapes import toy_data
@@ -235,6 +236,7 @@ OFFSET = float(Path(__file__).with_name("offset.txt").read_text())
 def objective(trial):
     x = trial.suggest_float("x", -3, 3)
     trial.set_user_attr("cwd", os.getcwd())
+    warnings.warn("toy data is tiny")
     return float(sum((x - v) ** 2 for v in toy_data())) + OFFSET
 """
 
@@ -253,7 +255,10 @@ def test_hpo_objective_imports_a_sibling_module(
     (project / "offset.txt").write_text("10\n")
     monkeypatch.chdir(tmp_path)  # not the project: the default workdir is the file's directory
     monkeypatch.setenv(workdir.COPY_ENV, "1")  # trials run in the synced copy
-    main(["hpo", "search/obj.py:objective", "--trials", "3", "--no-progress", "-p", "local"])
+    with pytest.warns(UserWarning) as raised:
+        main(["hpo", "search/obj.py:objective", "--trials", "3", "--no-progress", "-p", "local"])
+    tiny = [str(w.message) for w in raised if "toy data" in str(w.message)]
+    assert tiny == ["toy data is tiny (raised in 3 trials)"]  # once, counted
     study = optuna.load_study(
         study_name="obj-objective",
         storage=optuna.storages.JournalStorage(
@@ -264,3 +269,18 @@ def test_hpo_objective_imports_a_sibling_module(
     assert len(trials) == 3 and all(t.value >= 10.5 for t in trials)
     assert {Path(t.user_attrs["cwd"]).parent for t in trials} == {cache / "projects"}
     assert "best trial" in capsys.readouterr().err
+
+
+def warn_in_every_rank(ctx) -> int:
+    import warnings
+
+    warnings.warn("the same in every rank", RuntimeWarning, stacklevel=1)
+    return ctx.rank
+
+
+@pytest.mark.local
+def test_a_warning_in_every_rank_is_shown_once_with_a_count(client) -> None:
+    with pytest.warns(RuntimeWarning) as raised:
+        assert ddp.run(warn_in_every_rank, client=client, workdir=None) == [0, 1]
+    shown = [str(w.message) for w in raised if "every rank" in str(w.message)]
+    assert shown == ["the same in every rank (raised in 2 ranks)"]

@@ -276,13 +276,17 @@ def run_group(
         from clusterkit.runners.workdir import ship
 
         ship(client, options.project)
+    from clusterkit.runners.workdir.once import Collector
+
     payload = cloudpickle.dumps((train_fn, args, kwargs))
     run_id = f"clusterkit-ddp-{uuid.uuid4().hex[:12]}"
     attempts = [0]
+    raised = Collector(client, f"{run_id}-warnings")
     try:
         results = _attempts(client, run_id, payload, options, attempts)
     finally:
         _cleanup(client, run_id, attempts[0] + 1)
+        raised.summary("ranks")
     return [cloudpickle.loads(r) for r in results]
 
 
@@ -363,6 +367,7 @@ def _launch(launch: _Launch) -> list[bytes]:
         rendezvous_timeout=120.0,
         project=options.project,
         checkpoint_dir=options.checkpoint_dir,
+        warnings_topic=f"{launch.run_id}-warnings",
     )
     futures = []
     for spec, slot in zip(specs, slots, strict=True):

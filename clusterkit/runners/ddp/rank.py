@@ -192,6 +192,8 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
     import cloudpickle
     import torch.distributed as dist
 
+    from clusterkit.runners.workdir.once import recorded
+
     store, device = _prepare(spec, conn)
     ctx = Context(spec, conn, device)
     train_fn, args, kwargs = cloudpickle.loads(spec["payload"])
@@ -204,7 +206,11 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
                 device_id=device if device.type == "cuda" else None,
             )
         conn.send(("started", time.time()))
-        return train_fn(ctx, *args, **kwargs)
+        with recorded() as raised:
+            try:
+                return train_fn(ctx, *args, **kwargs)
+            finally:  # before the result: the driver shows each warning once, counted
+                conn.send(("warnings", sorted(raised)))
     except BaseException as error:
         # Stamp the failure before destroy_process_group wakes the peers with errors of their
         # own: the driver reports the earliest stamp as the cause.
@@ -225,6 +231,8 @@ def main(fd: int) -> None:
     import cloudpickle
     import torch
     import torch.distributed  # preload: this is what makes a spare fast
+
+    from clusterkit.runners.workdir.once import recorded  # noqa: F401 - preloaded too
 
     conn.send(("ready", torch.__version__))  # no CUDA call: the layout is set per rank later
     try:

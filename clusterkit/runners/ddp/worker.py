@@ -225,6 +225,10 @@ def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
             conn.send(("ack",))
         elif kind == "started":
             continue
+        elif kind == "warnings":
+            from clusterkit.runners.workdir.once import send
+
+            send(spec["warnings_topic"], rest[0])
         elif kind == "result":
             return rest[0]
         elif kind == "error":

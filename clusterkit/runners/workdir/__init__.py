@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -82,19 +83,31 @@ class ProjectCall:
 
         self.blob = cloudpickle.dumps(fn)
         self.project = project
+        self.topic = f"clusterkit-warnings-{uuid.uuid4().hex[:12]}"
+        self.collector: Any = None  # driver side only
         self.__name__ = getattr(fn, "__name__", "objective")
         self.__wrapped__: Callable[..., Any] | None = fn
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "__wrapped__": None}
+        return {**self.__dict__, "__wrapped__": None, "collector": None}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import cloudpickle
 
-        with entered(self.project):
-            if self.__wrapped__ is None:  # kept: the worker caches this object per project
-                self.__wrapped__ = cloudpickle.loads(self.blob)
-            return self.__wrapped__(*args, **kwargs)
+        from clusterkit.runners.workdir import once
+
+        with entered(self.project), once.recorded() as raised:
+            try:
+                if self.__wrapped__ is None:  # kept: the worker caches this object
+                    self.__wrapped__ = cloudpickle.loads(self.blob)
+                return self.__wrapped__(*args, **kwargs)
+            finally:
+                once.send(self.topic, raised)
+
+    def warnings_summary(self, what: str) -> None:
+        """Driver side: show each warning the calls raised once, with how many raised it."""
+        if self.collector is not None:
+            self.collector.summary(what)
 
 
 def in_project(
@@ -104,8 +117,12 @@ def in_project(
     project = resolve(workdir, fn)
     if project is None:
         return fn
+    from clusterkit.runners.workdir.once import Collector
+
     ship(client, project)
-    return ProjectCall(fn, project)
+    call = ProjectCall(fn, project)
+    call.collector = Collector(client, call.topic)
+    return call
 
 
 def _purge_stale_modules(directory: str, digest: str) -> None:
