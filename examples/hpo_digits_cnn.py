@@ -3,6 +3,8 @@
 The search space is the one of the classic Dask + skopt notebook: learning rate (log scale),
 keep probability, channels and pooling. Each trial reports validation accuracy per epoch, so
 Optuna's pruner stops hopeless trials early; a trial uses its worker's GPU when it has one.
+The model lives in the sibling module ``digits_model.py``: trials run in this directory, so the
+import works on every worker (in place on a shared disk, else a synced copy).
 
     python examples/hpo_digits_cnn.py                 # embedded `local` profile
     clusterkit hpo examples/hpo_digits_cnn.py:objective --profile slurm-gpu --trials 200 \
@@ -13,45 +15,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import optuna
+from digits_model import build_model, load_digits_tensors  # a sibling module of this file
 
 EPOCHS = 8
-
-
-def _data(device: object) -> tuple[object, object, object, object]:
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = digits.images.astype("float32")[:, None] / 16.0  # (n, 1, 8, 8) in [0, 1]
-    x_train, x_val, y_train, y_val = train_test_split(
-        x, digits.target, test_size=0.25, stratify=digits.target, random_state=0
-    )
-    as_tensor = lambda a, dtype: torch.as_tensor(a, dtype=dtype, device=device)  # noqa: E731
-    return (
-        as_tensor(x_train, torch.float32),
-        as_tensor(y_train, torch.long),
-        as_tensor(x_val, torch.float32),
-        as_tensor(y_val, torch.long),
-    )
-
-
-def build_model(channels: int, keep_prob: float, pool: str) -> object:
-    from torch import nn
-
-    pooling = nn.MaxPool2d(2) if pool == "max" else nn.AvgPool2d(2)
-    return nn.Sequential(
-        nn.Conv2d(1, channels, 3, padding=1),
-        nn.ReLU(),
-        pooling,  # 8x8 -> 4x4
-        nn.Conv2d(channels, 2 * channels, 3, padding=1),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Dropout(p=1.0 - keep_prob),
-        nn.Linear(2 * channels * 16, 10),
-    )
 
 
 def objective(trial: optuna.Trial) -> float:
@@ -67,7 +36,7 @@ def objective(trial: optuna.Trial) -> float:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     trial.set_user_attr("device", str(device))
     torch.manual_seed(trial.number)
-    x_train, y_train, x_val, y_val = _data(device)
+    x_train, y_train, x_val, y_val = load_digits_tensors(device)
     model = build_model(channels, keep_prob, pool).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -111,6 +80,7 @@ def main() -> None:
             direction="maximize",
             pruner=optuna.pruners.MedianPruner(n_startup_trials=6, n_warmup_steps=3),
             out=out,
+            workdir=Path(__file__).parent,  # trials import digits_model from here
         )
     print(best_summary(study))
     print(f"plots and trials.csv: {out}/  ({time.monotonic() - started:.0f} s)")
