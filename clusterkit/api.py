@@ -15,6 +15,7 @@ from clusterkit import monitor, state
 from clusterkit.backends.base import Capability, backend_for, check_capabilities, get_backend
 from clusterkit.client import connect
 from clusterkit.errors import BadInput, ClusterExists, ClusterNotFound, ClusterStartError
+from clusterkit.lifecycle import reap
 from clusterkit.monitor import scheduler_identity
 from clusterkit.profiles import check_name, load_profile
 from clusterkit.security import ClusterSecurity, prepare
@@ -75,7 +76,7 @@ def up(
                     f"cluster '{name}' is already up at {existing.address}",
                     hint=f"`clusterkit down {name}` first, or pick another --name",
                 )
-            _reap_held(existing)  # a dead cluster of this name: reap what it left first
+            reap.reap_held(existing)  # a dead cluster of this name: reap what it left first
         try:
             waiting = waiting or contextlib.nullcontext()
             if Capability.DETACHED in backend.CAPABILITIES:
@@ -113,7 +114,7 @@ def get_record(name: str) -> ClusterRecord:
     """
     check_name(name)
     loaded = state.load_record(name)
-    record = _recovered(loaded) if isinstance(loaded, state.Unreadable) else loaded
+    record = reap.recovered(loaded) if isinstance(loaded, state.Unreadable) else loaded
     if record is None:
         known = ", ".join(r.name for r in state.records() if state.is_live(r)) or "none"
         raise ClusterNotFound(f"no cluster named '{name}' is up", hint=f"up: {known}")
@@ -122,29 +123,6 @@ def get_record(name: str) -> ClusterRecord:
             f"cluster '{name}' is dead: its supervisor (pid {record.pid}) is gone",
             hint=f"`clusterkit down {name}` removes what is left of it",
         )
-    return record
-
-
-def _recovered(unreadable: state.Unreadable) -> ClusterRecord:
-    """Ask the supervisor for the record it wrote, and write it again; else say what runs."""
-    from clusterkit.errors import ClusterkitError
-    from clusterkit.lifecycle import control
-    from clusterkit.lifecycle.supervisor import SOCKET_NAME
-
-    socket = state.clusters_dir() / unreadable.name / SOCKET_NAME
-    try:
-        record = ClusterRecord(
-            **control.request(str(socket), {"op": "record"}, timeout=10)["record"]
-        )
-    except (OSError, TypeError, ClusterkitError):
-        pid = state.supervisor_pid(unreadable.name)
-        runs = f"its supervisor (pid {pid}) still runs" if pid else "no supervisor runs for it"
-        raise ClusterkitError(
-            f"the record of '{unreadable.name}' is unreadable "
-            f"({unreadable.path}: {unreadable.reason}); {runs}",
-            hint=f"`clusterkit down {unreadable.name}` stops it and removes the record",
-        ) from None
-    state.write_record(record)
     return record
 
 
@@ -160,10 +138,10 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
         record = get_record(name)
     except ClusterkitError:
         loaded = state.load_record(name)
-        if isinstance(loaded, state.Unreadable):
-            _down_by_pid_file(name, timeout)
+        if isinstance(loaded, state.Unreadable) or state.supervisor_pid(name):
+            reap.down_by_pid_file(name, timeout)  # unreadable, or still starting: no record yet
         elif isinstance(loaded, ClusterRecord):
-            reap(loaded)
+            reap.reap(loaded)
         else:
             raise
         return
@@ -174,32 +152,6 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
             from clusterkit.lifecycle.spawn import stop_supervisor
 
             stop_supervisor(record.pid, timeout)
-        state.remove_cluster(name)
-
-
-def reap(record: ClusterRecord) -> None:
-    """Remove what a dead supervisor left: its process group and whatever carries its tags."""
-    with state.lock(record.name):
-        _reap_held(record)
-
-
-def _reap_held(record: ClusterRecord) -> None:
-    """``reap`` with the name's lock already held."""
-    from clusterkit.lifecycle.spawn import kill_group
-
-    if record.pid is not None:
-        kill_group(record.pid, grace=3.0)
-    get_backend(record.backend).teardown(record)
-    state.remove_cluster(record.name)
-
-
-def _down_by_pid_file(name: str, timeout: float) -> None:
-    from clusterkit.lifecycle.spawn import stop_supervisor
-
-    with state.lock(name):
-        pid = state.supervisor_pid(name)
-        if pid is not None:
-            stop_supervisor(pid, timeout)
         state.remove_cluster(name)
 
 
@@ -232,6 +184,19 @@ def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
                 "age": record.age,
                 "state": info.get("state", "up"),
                 "dashboard": record.dashboard,
+            }
+        )
+    for starting in state.starting_clusters():  # a supervisor still starting: no record yet
+        rows.append(
+            {
+                "name": starting,
+                "backend": None,
+                "address": None,
+                "workers": None,
+                "gpus": None,
+                "age": 0.0,
+                "state": f"starting (supervisor pid {state.supervisor_pid(starting)})",
+                "dashboard": None,
             }
         )
     for unreadable in state.unreadable_records():  # never hidden: `down NAME` still stops it

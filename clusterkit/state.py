@@ -17,7 +17,9 @@ from clusterkit.errors import ClusterExists, StateError
 
 
 def state_dir() -> Path:
-    """``$CLUSTERKIT_STATE_DIR``, else the platform's user state directory, created 0700.
+    """``$CLUSTERKIT_STATE_DIR``, else the platform's user state directory (0700 once made).
+
+    Reading creates nothing; the first write (a lock, a record) creates it.
 
     On Linux that is ``$XDG_STATE_HOME/clusterkit`` (``~/.local/state/clusterkit``); on macOS
     ``~/Library/Application Support/clusterkit``.
@@ -29,10 +31,16 @@ def state_dir() -> Path:
         from platformdirs import user_state_path
 
         path = user_state_path("clusterkit", appauthor=False)
+    return path
+
+
+def _made_clusters_dir() -> Path:
+    """The clusters directory, created 0700 (with the state directory) if missing."""
+    path = state_dir()
     with writable(path):
         for directory in (path, path / "clusters"):
             _private_dir(directory)
-    return path
+    return path / "clusters"
 
 
 def _private_dir(path: Path) -> None:
@@ -61,7 +69,7 @@ def clusters_dir() -> Path:
 
 def cluster_dir(name: str) -> Path:
     """The private directory of one cluster: certificates, logs, control socket."""
-    path = clusters_dir() / name
+    path = _made_clusters_dir() / name
     with writable(path):
         _private_dir(path)
     return path
@@ -109,7 +117,7 @@ class ClusterRecord:
 
 def write_record(record: ClusterRecord) -> Path:
     """Write atomically (temp file + rename), mode 0600."""
-    path = record_path(record.name)
+    path = _made_clusters_dir() / f"{record.name}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
         with writable(path):
@@ -163,6 +171,16 @@ def write_pid_file(name: str, pid: int) -> None:
         handle.write(str(pid))
 
 
+def starting_clusters() -> list[str]:
+    """Names whose supervisor runs but has written no record yet."""
+    found = []
+    for directory in sorted(clusters_dir().glob("*/")):
+        name = directory.name
+        if not record_path(name).exists() and supervisor_pid(name):
+            found.append(name)
+    return found
+
+
 def supervisor_pid(name: str) -> int | None:
     """The pid in the cluster's pid file, if that process still runs."""
     try:
@@ -210,7 +228,7 @@ def records() -> list[ClusterRecord]:
 @contextlib.contextmanager
 def lock(name: str, wait: bool = True) -> Iterator[bool]:
     """An exclusive lock on one cluster name (held while `up` or `down` runs)."""
-    path = clusters_dir() / f"{name}.lock"
+    path = _made_clusters_dir() / f"{name}.lock"
     with writable(path):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

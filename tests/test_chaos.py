@@ -1,9 +1,12 @@
-"""Chaos on the local backend: SIGKILL the supervisor (which hosts the scheduler), a worker or
-the driver at a seeded random moment of `up`, `scale` or a search; then nothing of the cluster
-may be left after `down`, `ls` must agree with what runs, and a search holds each trial once.
+"""Chaos: SIGKILL the supervisor (which hosts the scheduler on local and slurm), a worker, the
+driver, or on SSH the remote scheduler or the SSH connections, at a seeded random moment of
+`up`, `scale` or a search, on the local, ssh and slurm backends. Then nothing of the cluster may
+be left after `down` (processes, remote processes and folders, batch jobs), `ls` must agree
+with what runs, and a search holds each trial once.
 
-Replay one case with ``CLUSTERKIT_CHAOS_SEED=<seed> pytest tests/test_chaos.py -k case7``;
-``CLUSTERKIT_CHAOS_KILLS`` sets how many cases (CI: 12). ``bench/chaos.py`` runs more.
+Replay one case with ``CLUSTERKIT_CHAOS_SEED=<seed> pytest tests/test_chaos.py -k "local and
+case7"``; ``CLUSTERKIT_CHAOS_KILLS`` sets how many cases per backend (CI: 10). ``bench/chaos.py``
+runs more.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,13 +27,21 @@ import psutil
 import pytest
 
 from clusterkit import state
+from tests import slurm as SLURM
+from tests import sshd as SSHD
+from tests.test_slurm import empty_queue_after, slurm  # noqa: F401 - fixtures
+from tests.test_ssh import Lab, lab, no_remote_leftovers  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.chaos
 
 SEED = int(os.environ.get("CLUSTERKIT_CHAOS_SEED", "20261124"))
-KILLS = int(os.environ.get("CLUSTERKIT_CHAOS_KILLS", "12"))
+KILLS = int(os.environ.get("CLUSTERKIT_CHAOS_KILLS", "10"))
 PHASES = ("up", "scale", "hpo")
-VICTIMS = ("supervisor", "worker", "driver")
+VICTIMS = {
+    "local": ("supervisor", "worker", "driver"),
+    "ssh": ("supervisor", "scheduler", "worker", "driver", "connection"),
+    "slurm": ("supervisor", "worker", "driver"),
+}
 TRIALS = 10
 CLI = [sys.executable, "-m", "clusterkit"]
 
@@ -44,7 +56,7 @@ HPO_DRIVER = textwrap.dedent("""
         return x * x
 
     name, storage, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    study = hpo.run(objective, n_trials=n, client=get_client(name), storage=storage,
+    study = hpo.run(objective, n_trials=n, client=get_client(name, timeout=10), storage=storage,
                     study_name="chaos", progress=False)
     print(len(study.trials))
 """)
@@ -60,11 +72,13 @@ class Case:
         return f"kill the {self.victim} {self.delay:.2f}s into {self.phase}"
 
 
-def cases(seed: int, count: int) -> list[Case]:
-    """Every phase x victim once, then seeded random picks; delays seeded too."""
-    rng = random.Random(seed)
-    grid = [(p, v) for p in PHASES for v in VICTIMS]
-    picks = grid + [(rng.choice(PHASES), rng.choice(VICTIMS)) for _ in range(count)]
+def cases(seed: int, count: int, backend: str = "local") -> list[Case]:
+    """Every phase x victim once (as far as ``count`` goes), then seeded random picks."""
+    rng = random.Random(f"{seed}-{backend}")
+    victims = VICTIMS[backend]
+    grid = [(p, v) for v in victims for p in PHASES]
+    rng.shuffle(grid)
+    picks = grid + [(rng.choice(PHASES), rng.choice(victims)) for _ in range(count)]
     return [Case(p, v, round(rng.uniform(0.0, 2.5), 2)) for p, v in picks[:count]]
 
 
@@ -92,13 +106,34 @@ def wait_for(predicate, seconds: float = 30.0):  # type: ignore[no-untyped-def]
     return None
 
 
-def kill(victim: str, name: str, driver: subprocess.Popen[str]) -> int | None:
+@dataclass
+class Target:
+    """One backend under chaos: its profile, how to kill its remote parts, what it can leave."""
+
+    backend: str
+    profile: Path
+    scale_to: int
+    kill_remote: Callable[[str, str], bool] = lambda victim, name: False
+    leftovers: Callable[[str], list[str]] = lambda name: []
+
+
+def settled(find: Callable[[], list[str]], seconds: float) -> list[str]:
+    """What ``find`` still reports once it reports nothing, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def kill(target: Target, victim: str, name: str, driver: subprocess.Popen[str]) -> int | None:
     """SIGKILL the victim; the supervisor's pid (to check its group afterwards), if known."""
     supervisor = wait_for(lambda: state.supervisor_pid(name), 20)
     if victim == "driver":
         driver.kill()
     elif victim == "supervisor" and supervisor:
         os.kill(supervisor, signal.SIGKILL)
+    elif target.kill_remote(victim, name):
+        pass
     elif victim == "worker" and supervisor:
         workers = wait_for(lambda: [p for p in group(supervisor) if p.pid != supervisor], 20)
         if workers:
@@ -106,15 +141,16 @@ def kill(victim: str, name: str, driver: subprocess.Popen[str]) -> int | None:
     return supervisor
 
 
-def start_driver(case: Case, name: str, profile: Path, storage: str) -> subprocess.Popen[str]:
+def start_driver(case: Case, name: str, target: Target, storage: str) -> subprocess.Popen[str]:
+    profile = target.profile
     if case.phase == "up":
         command = [*CLI, "up", str(profile), "--name", name]
     else:
         up = subprocess.run([*CLI, "up", str(profile), "--name", name], capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=180)
         assert up.returncode == 0, up.stderr
         if case.phase == "scale":
-            command = [*CLI, "scale", name, "3"]
+            command = [*CLI, "scale", name, str(target.scale_to)]
         else:
             command = [sys.executable, "-c", HPO_DRIVER, name, storage, str(TRIALS)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -147,35 +183,104 @@ def check_study(storage: str) -> None:
     assert not [t for t in study.trials if t.state.name == "RUNNING"], "a trial left RUNNING"
 
 
-@pytest.mark.parametrize("index", range(KILLS), ids=[f"case{i}" for i in range(KILLS)])
-@pytest.mark.timeout(600)
-def test_chaos(index: int, tmp_path: Path) -> None:
-    case = cases(SEED, KILLS)[index]
-    name = f"chaos{index}"
-    profile = tmp_path / "chaos.yaml"
-    profile.write_text("backend: local\nworkers: 2\nstart_timeout: 60s\n"
-                       "scheduler: {dashboard: false}\n")
+def run_case(target: Target, index: int, tmp_path: Path) -> None:
+    case = cases(SEED, KILLS, target.backend)[index]
+    name = f"ch{target.backend[:2]}{index}"
+    where = f"{target.backend} {case} (seed {SEED}, case{index})"
     storage = str(tmp_path / "chaos.optuna.log")  # the runner's default kind: a journal file
-    driver = start_driver(case, name, profile, storage)
+    driver = start_driver(case, name, target, storage)
     supervisors = []
     try:
         time.sleep(case.delay)
-        supervisors.append(kill(case.victim, name, driver))
-        driver.communicate(timeout=300)
+        supervisors.append(kill(target, case.victim, name, driver))
+        try:  # a search must end by itself; `up` or `scale` may wait on a cluster that is gone
+            driver.communicate(timeout=180 if case.phase == "hpo" else 30)
+        except subprocess.TimeoutExpired:
+            assert case.phase != "hpo", f"{where}: the search never ended"
         if case.phase == "hpo":
-            finish_search(name, profile, storage)
+            finish_search(name, target.profile, storage)
             supervisors.append(state.supervisor_pid(name))
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.communicate()
-        down = subprocess.run([*CLI, "down", name], capture_output=True, text=True, timeout=120)
-    assert down.returncode in (0, 2), f"{case} (seed {SEED}): {down.stderr}"
-    left = [p for pid in supervisors for p in group(pid)]
-    assert left == [], f"{case} (seed {SEED}): left running {left}"
+        down = subprocess.run([*CLI, "down", name], capture_output=True, text=True, timeout=180)
+    assert down.returncode in (0, 2), f"{where}: {down.stderr}"
+    left = [str(p.pid) for pid in supervisors for p in group(pid)]
+    left += settled(lambda: target.leftovers(name), 30)
+    assert left == [], f"{where}: left {left}"
     listed = json.loads(subprocess.run([*CLI, "ls", "--json"], capture_output=True, text=True,
                                        timeout=60).stdout)
-    assert [row["name"] for row in listed] == [], f"{case}: ls disagrees with what runs"
+    assert [row["name"] for row in listed] == [], f"{where}: ls disagrees with what runs"
     assert not state.record_path(name).exists() and not (state.clusters_dir() / name).exists()
     if case.phase == "hpo":
         check_study(storage)
+
+
+IDS = [f"case{i}" for i in range(KILLS)]
+
+
+@pytest.mark.parametrize("index", range(KILLS), ids=IDS)
+@pytest.mark.timeout(600)
+def test_chaos_local(index: int, tmp_path: Path) -> None:
+    profile = tmp_path / "chaos.yaml"
+    profile.write_text("backend: local\nworkers: 2\nstart_timeout: 60s\n"
+                       "scheduler: {dashboard: false}\n")
+    run_case(Target("local", profile, 3), index, tmp_path)
+
+
+@pytest.mark.parametrize("index", range(KILLS), ids=IDS)
+@pytest.mark.timeout(600)
+def test_chaos_ssh(index: int, tmp_path: Path, lab: Lab) -> None:  # noqa: F811
+    import yaml
+
+    profile = tmp_path / "chaos-ssh.yaml"
+    data = lab.profile("chaos", hosts=["127.0.0.1", "127.0.0.1"]).model_dump(mode="json")
+    profile.write_text(yaml.safe_dump({**data, "death_timeout": 10}))
+
+    def kill_remote(victim: str, name: str) -> bool:
+        if victim == "connection":  # sshd's per-connection processes: every channel drops
+            children = psutil.Process(lab.server.proc.pid).children()
+            for child in children:
+                child.kill()
+            return True
+        remote = wait_for(lambda: SSHD.remote_processes([lab.server]), 20) or {}
+        wanted = {pid for pid, cmd in remote.items()
+                  if ("distributed.Scheduler" in cmd) == (victim == "scheduler")}
+        for pid in wanted:
+            os.kill(pid, signal.SIGKILL)
+            if victim == "worker":
+                break
+        return victim in ("scheduler", "worker")
+
+    def leftovers(name: str) -> list[str]:
+        found = [str(pid) for pid in SSHD.remote_processes([lab.server])]
+        run = Path.home() / ".clusterkit" / "run"
+        return found + [str(p) for p in run.glob(f"{name}-*")] if run.is_dir() else found
+
+    run_case(Target("ssh", profile, 3, kill_remote, leftovers), index, tmp_path)
+
+
+@pytest.mark.parametrize("index", range(KILLS), ids=IDS)
+@pytest.mark.timeout(600)
+def test_chaos_slurm(index: int, tmp_path: Path, slurm: SLURM.Slurm) -> None:  # noqa: F811
+    import yaml
+
+    from tests.test_slurm import profile_data
+
+    profile = tmp_path / "chaos-slurm.yaml"
+    profile.write_text(yaml.safe_dump({**profile_data(tmp_path), "death_timeout": 10}))
+
+    def jobs(name: str) -> list[str]:
+        lines = slurm.run("squeue", "-h", "-o", "%i %j").stdout.splitlines()
+        return [line.split()[0] for line in lines if f" ck-{name}-" in line]
+
+    def kill_remote(victim: str, name: str) -> bool:
+        if victim != "worker":
+            return False
+        found = wait_for(lambda: jobs(name), 30)
+        if found:
+            slurm.run("scancel", "--signal=KILL", "--full", found[0])
+        return True
+
+    run_case(Target("slurm", profile, 2, kill_remote, jobs), index, tmp_path)

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 LOG_NAME = "supervisor.log"
 PROFILE_NAME = "profile.json"
 SOCKET_NAME = "control.sock"
+#: Seconds between checks that the scheduler still answers, and how long it may not.
+PING_INTERVAL = 3.0
+SCHEDULER_LOST = 15.0
 
 
 def log_tail(directory: Path, lines: int = 15) -> list[str]:
@@ -106,16 +110,19 @@ class Supervisor:
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def wait(self) -> None:
-        """Run until SIGTERM/SIGINT, a `stop` request, or the scheduler closing by itself."""
+        """Run until SIGTERM/SIGINT, a `stop` request, or the scheduler is gone (closed by
+        itself, or unreachable for ``SCHEDULER_LOST`` seconds: a remote scheduler killed)."""
         cluster = self.started.cluster if self.started else None
-        while not self.stopping.wait(1.0):
+        last_seen = time.monotonic()
+        while not self.stopping.wait(PING_INTERVAL):
             status = getattr(getattr(cluster, "status", None), "name", "running")
             if status in {"closed", "closing", "failed"}:
                 logger.info("cluster %s closed by itself (%s)", self.name, status)
                 return
-            scheduler = getattr(cluster, "scheduler", None)
-            if scheduler is not None and getattr(scheduler.status, "name", "") == "closed":
-                logger.info("scheduler closed (idle timeout?)")
+            if _answers(cluster):
+                last_seen = time.monotonic()
+            elif time.monotonic() - last_seen > SCHEDULER_LOST:
+                logger.error("the scheduler has not answered for %.0fs: closing", SCHEDULER_LOST)
                 return
 
     def close(self) -> None:
@@ -125,6 +132,20 @@ class Supervisor:
             except Exception:
                 logger.exception("closing the cluster failed")
         state.remove_cluster(self.name)
+
+
+def _answers(cluster: Any) -> bool:
+    """Whether the cluster's scheduler answers an identity call within a few seconds."""
+    import asyncio
+
+    async def ping() -> None:
+        await asyncio.wait_for(cluster.scheduler_comm.identity(), PING_INTERVAL)
+
+    try:
+        cluster.sync(ping)
+    except Exception:
+        return False
+    return True
 
 
 def _failure(error: BaseException, directory: Path) -> dict[str, Any]:

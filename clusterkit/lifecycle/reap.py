@@ -1,0 +1,57 @@
+"""Ending what a dead or half-visible cluster left: reaping by tags, stopping by pid file,
+and rewriting an unreadable record from what its supervisor knows."""
+
+from __future__ import annotations
+
+from clusterkit import state
+from clusterkit.backends.base import get_backend
+from clusterkit.errors import ClusterkitError
+from clusterkit.state import ClusterRecord
+
+
+def recovered(unreadable: state.Unreadable) -> ClusterRecord:
+    """Ask the supervisor for the record it wrote, and write it again; else say what runs."""
+    from clusterkit.lifecycle import control
+    from clusterkit.lifecycle.supervisor import SOCKET_NAME
+
+    socket = state.clusters_dir() / unreadable.name / SOCKET_NAME
+    try:
+        record = ClusterRecord(
+            **control.request(str(socket), {"op": "record"}, timeout=10)["record"]
+        )
+    except (OSError, TypeError, ClusterkitError):
+        pid = state.supervisor_pid(unreadable.name)
+        runs = f"its supervisor (pid {pid}) still runs" if pid else "no supervisor runs for it"
+        raise ClusterkitError(
+            f"the record of '{unreadable.name}' is unreadable "
+            f"({unreadable.path}: {unreadable.reason}); {runs}",
+            hint=f"`clusterkit down {unreadable.name}` stops it and removes the record",
+        ) from None
+    state.write_record(record)
+    return record
+
+
+def reap(record: ClusterRecord) -> None:
+    """Remove what a dead supervisor left: its process group and whatever carries its tags."""
+    with state.lock(record.name):
+        reap_held(record)
+
+
+def reap_held(record: ClusterRecord) -> None:
+    """``reap`` with the name's lock already held."""
+    from clusterkit.lifecycle.spawn import kill_group
+
+    if record.pid is not None:
+        kill_group(record.pid, grace=3.0)
+    get_backend(record.backend).teardown(record)
+    state.remove_cluster(record.name)
+
+
+def down_by_pid_file(name: str, timeout: float) -> None:
+    from clusterkit.lifecycle.spawn import stop_supervisor
+
+    with state.lock(name):
+        pid = state.supervisor_pid(name)
+        if pid is not None:
+            stop_supervisor(pid, timeout)
+        state.remove_cluster(name)
