@@ -444,3 +444,17 @@ def test_killed_notebook_leaves_an_orphan_that_ls_finds_and_down_ends(lab: Lab) 
     api.down(embedded.name)
     assert S.wait_no_remote_processes([lab.server]) == {}
     assert state.records() == []
+
+
+def test_project_directory_without_a_shared_disk(lab: Lab, tmp_path: Path) -> None:
+    """SSH hosts without NFS (forced copy here, since the test host shares its disk): the
+    example project trains from the synced copy and resumes from checkpoint_dir; an objective
+    imports its sibling module; an unchanged rerun sends nothing."""
+    from clusterkit.client import get_client
+    from tests.test_workdir import example_project_on
+
+    client = get_client(lab.profile("ssh-workdir", hosts=["127.0.0.1"] * 2))
+    try:
+        assert example_project_on(client, tmp_path, copy=True) == {"synced"}
+    finally:
+        client.close()

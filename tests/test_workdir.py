@@ -284,3 +284,58 @@ def test_a_warning_in_every_rank_is_shown_once_with_a_count(client) -> None:
         assert ddp.run(warn_in_every_rank, client=client, workdir=None) == [0, 1]
     shown = [str(w.message) for w in raised if "every rank" in str(w.message)]
     assert shown == ["the same in every rank (raised in 2 ranks)"]
+
+
+# ---------------------------------------------------------------- every backend (helper)
+
+
+def example_project_on(client, tmp_path: Path, *, copy: bool) -> set[str]:
+    """The example project and a sibling-importing objective, unchanged, on ``client``'s
+    cluster; returns the workers' modes ("in-place" / "synced").
+
+    Without a shared disk (``copy``) the second run resumes from ``checkpoint_dir``; in place
+    it resumes from the snapshot in the user's own directory.
+    """
+    import optuna
+
+    from clusterkit.runners import hpo
+    from clusterkit.runners.hpo import inputs
+
+    root = project_copy(tmp_path)
+    (root / "obj.py").write_text(OBJECTIVE)
+    (root / "shapes.py").write_text("def toy_data():\n    return [1.0, 2.0]\n")
+    (root / "offset.txt").write_text("10\n")
+    project = workdir.scan(root, copy=copy)
+    modes = set(workdir.ship(client, project).modes.values())
+    storage = str(tmp_path / "storage") if copy else None
+    for epochs in ("1", "2"):
+        assert set(
+            run_file(
+                str(root / "train.py"),
+                [epochs, "1"],
+                client=client,
+                workdir=project,
+                checkpoint_dir=storage,
+                timeout=180,
+            )
+        ) == {None}
+    snapshot = Path(storage) / "snapshot.pt" if storage else root / "snapshot.pt"
+    assert snapshot_runs(snapshot) == [0, 1]
+    assert workdir.ship(client, workdir.scan(root, copy=copy)).bytes_sent == 0
+    sys.path.insert(0, str(root))
+    try:
+        objective = inputs.load_objective(f"{root}/obj.py:objective")
+    finally:
+        sys.path.remove(str(root))
+    study = hpo.run(
+        objective,
+        n_trials=2,
+        client=client,
+        workdir=project,
+        progress=False,
+        storage=optuna.storages.InMemoryStorage(),
+    )
+    trials = study.get_trials(states=[optuna.trial.TrialState.COMPLETE])
+    assert len(trials) == 2 and all(t.value >= 10 for t in trials)
+    assert all((t.user_attrs["cwd"] == str(root)) != copy for t in trials)
+    return modes
