@@ -299,3 +299,17 @@ def test_adapt_runs_through_the_operator_autoscaler(clean: Harness, tmp_path: Pa
             client.gather(futures)
     finally:
         api.down(record.name)
+
+
+@pytest.mark.timeout(600)
+def test_project_directory_is_synced_to_pods(clean: Harness, tmp_path: Path) -> None:
+    """Pods have no shared disk (forced copy here: the emulator's pods run on this host): the
+    example project trains from the synced copy and resumes from checkpoint_dir; an objective
+    imports its sibling module; an unchanged rerun sends nothing."""
+    from tests.test_workdir import example_project_on
+
+    client = get_client(write_profile(tmp_path, "k8s-workdir", workers=2))
+    try:
+        assert example_project_on(client, tmp_path, copy=True) == {"synced"}
+    finally:
+        client.close()
