@@ -433,3 +433,17 @@ def test_killed_supervisor_leaves_jobs_named_for_the_cluster_that_down_cancels(
     api.down(record.name)
     assert slurm.queue() == [], "down left the dead cluster's jobs in the queue"
     assert state.load_record(record.name) is None
+
+
+def test_project_directory_runs_in_place_on_the_shared_disk(slurm: S.Slurm, tmp_path: Path) -> None:
+    """Jobs see the submitter's disk: detected per worker (same path, same digests), the
+    example project runs in place and its second run resumes from the snapshot it wrote in
+    the user's directory; an objective imports its sibling module."""
+    from tests.test_workdir import example_project_on
+
+    record = api.up(profile_file(tmp_path, "wd", workers=2, memory="2GiB"))
+    try:
+        with get_client(record.name) as client:
+            assert example_project_on(client, tmp_path, copy=False) == {"in-place"}
+    finally:
+        api.down(record.name)
