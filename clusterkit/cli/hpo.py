@@ -38,6 +38,21 @@ def _on_path(directory: str | None) -> Iterator[None]:
         sys.path.remove(directory)
 
 
+def _check_numbers(
+    trials: int, direction: str, gpus_per_trial: float, timeout: float | None
+) -> None:
+    from clusterkit.errors import BadInput
+
+    if trials < 1:
+        raise BadInput(f"--trials must be at least 1, got {trials}")
+    if direction not in ("minimize", "maximize"):
+        raise BadInput(f"--direction must be minimize or maximize, got {direction!r}")
+    if gpus_per_trial < 0:
+        raise BadInput(f"--gpus-per-trial must be 0 or more, got {gpus_per_trial:g}")
+    if timeout is not None and timeout <= 0:
+        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+
+
 def hpo(
     target: str = typer.Argument(..., metavar="FILE.py:FUNC", help="The Optuna objective."),
     profile: str = typer.Option(None, "--profile", "-p", help="Profile name or path."),
@@ -60,16 +75,7 @@ def hpo(
     ),
 ) -> None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage."""
-    from clusterkit.errors import BadInput
-
-    if trials < 1:
-        raise BadInput(f"--trials must be at least 1, got {trials}")
-    if direction not in ("minimize", "maximize"):
-        raise BadInput(f"--direction must be minimize or maximize, got {direction!r}")
-    if gpus_per_trial < 0:
-        raise BadInput(f"--gpus-per-trial must be 0 or more, got {gpus_per_trial:g}")
-    if timeout is not None and timeout <= 0:
-        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+    _check_numbers(trials, direction, gpus_per_trial, timeout)
 
     from clusterkit.runners.hpo import inputs as hpo_inputs
 

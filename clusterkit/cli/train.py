@@ -28,6 +28,25 @@ def _project(loaded: Any, workdir: str | None, max_size: str | None) -> Any:
     return project_for(loaded, scan(loaded.path.parent, max_size=limit))
 
 
+def _checked_profile(profile: str | None, world_size: int | None, max_restarts: int) -> Any:
+    """The profile, after checking the numbers against it (BadInput naming the option)."""
+    from clusterkit.errors import BadInput
+    from clusterkit.profiles import load_profile
+
+    if world_size is not None and world_size < 1:
+        raise BadInput(f"--world-size must be at least 1, got {world_size}")
+    if max_restarts < 0:
+        raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
+    model = load_profile(profile)
+    capacity = _capacity(model)
+    if world_size is not None and capacity is not None and world_size > capacity:
+        raise BadInput(
+            f"--world-size {world_size} is more than profile '{model.name}' can provide "
+            f"({capacity} ranks)"
+        )
+    return model
+
+
 def train(
     context: typer.Context,
     target: str = typer.Argument(..., help="FILE.py (torchrun-style script) or FILE.py:FUNC."),
@@ -54,23 +73,11 @@ def train(
     in the project directory (in place on a shared disk, else a synced copy).
     """
     from clusterkit import console
-    from clusterkit.errors import BadInput
-    from clusterkit.profiles import load_profile
     from clusterkit.runners.ddp.script import load_target
 
     loaded = load_target(target)
+    model = _checked_profile(profile, world_size, max_restarts)
     project = _project(loaded, None if no_workdir else (workdir or "auto"), workdir_max_size)
-    if world_size is not None and world_size < 1:
-        raise BadInput(f"--world-size must be at least 1, got {world_size}")
-    if max_restarts < 0:
-        raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
-    model = load_profile(profile)
-    capacity = _capacity(model)
-    if world_size is not None and capacity is not None and world_size > capacity:
-        raise BadInput(
-            f"--world-size {world_size} is more than profile '{model.name}' can provide "
-            f"({capacity} ranks)"
-        )
 
     from clusterkit.client import get_client
     from clusterkit.runners.ddp.script import run_file

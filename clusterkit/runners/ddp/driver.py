@@ -223,9 +223,8 @@ def run(
         place where a worker sees it at the same path, else a synced copy. ``"auto"``: the
         current directory when ``train_fn``'s module lives under it; None: off.
     checkpoint_dir
-        An fsspec URL or path (``s3://bucket/run``, a shared directory): ``ctx``'s checkpoints
-        go there, and a later run resumes from them. Without it checkpoints pass through the
-        scheduler, up to 64 MiB.
+        fsspec URL or path (``s3://bucket/run``, a shared directory) for ``ctx``'s checkpoints;
+        a later run resumes from them. Without it they pass through the scheduler (<= 64 MiB).
 
     Raises
     ------

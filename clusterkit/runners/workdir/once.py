@@ -23,10 +23,17 @@ _original_show: Any = None
 Record = tuple[str, str, str, int]  # category name, message, file, line
 
 
-def _show(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+def _show(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
     sink: set[Record] | None = getattr(_local, "sink", None)
     if sink is None:
-        _original_show(message, category, filename, lineno, *rest)
+        _original_show(message, category, filename, lineno, file, line)
         return
     sink.add((category.__name__, str(message), filename, int(lineno)))
 
