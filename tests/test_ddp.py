@@ -181,10 +181,15 @@ def test_failing_rank_stops_the_group(client) -> None:
     assert [r["sum"] for r in ddp.run(all_reduce_fn, 1.0, client=client)] == [3.0, 3.0]
 
 
-def test_killed_worker_restarts_from_checkpoint(client) -> None:
+@pytest.mark.parametrize("storage", [False, True], ids=["via-scheduler", "checkpoint-dir"])
+def test_killed_worker_restarts_from_checkpoint(client, tmp_path: Path, storage: bool) -> None:
     before = set(live_workers(client))
-    results = ddp.run(resumable_fn, 6, client=client, max_restarts=1, timeout=150)
+    where = str(tmp_path / "ckpt") if storage else None
+    results = ddp.run(
+        resumable_fn, 6, client=client, max_restarts=1, timeout=150, checkpoint_dir=where
+    )
     after = set(live_workers(client))
+    assert (tmp_path / "ckpt" / "checkpoint.pt").exists() == storage
     assert before != after  # one worker was replaced by the nanny
     for result in results:
         assert result["restarts"] == 1
