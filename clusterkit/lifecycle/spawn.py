@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,8 @@ def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: i
             os._exit(0)
         os.setsid()  # session and group leader: `down` ends the group by the supervisor's pid
         _redirect_stdio(directory / LOG_NAME, keep=write_fd)
+        # worker processes (multiprocessing spawn) re-import __main__: not the CLI's script
+        sys.modules["__main__"] = types.ModuleType("__main__")
         report(write_fd, {"pid": os.getpid()}, last=False)
         code = run(name, profile, write_fd)
     finally:
