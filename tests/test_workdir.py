@@ -112,11 +112,17 @@ def test_over_the_cap_names_the_largest_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.local
-def test_cli_over_the_cap_is_one_line_exit_2_before_anything_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "command", [["train", "train.py"], ["hpo", "obj.py:objective", "--trials", "1"]]
+)
+def test_cli_over_the_cap_is_one_line_exit_2_before_anything_starts(
+    tmp_path: Path, command: list[str]
+) -> None:
     project = project_copy(tmp_path)
+    (project / "obj.py").write_text("def objective(trial):\n    return 1.0\n")
     (project / "big.bin").write_bytes(b"\0" * 8192)
     done = subprocess.run(
-        [sys.executable, "-m", "clusterkit", "train", "train.py", "--workdir-max-size", "4KiB"],
+        [sys.executable, "-m", "clusterkit", *command, "--workdir-max-size", "4KiB"],
         cwd=project,
         capture_output=True,
         text=True,
