@@ -158,6 +158,7 @@ def start_driver(case: Case, name: str, target: Target, storage: str) -> subproc
 
 def finish_search(name: str, profile: Path, storage: str) -> None:
     """Run the search to the end (resuming the study), on a fresh cluster if the old one died."""
+    wait_for(lambda: reachable_or_gone(name), 60)  # a supervisor notices a lost scheduler
     listed = state.read_record(name)
     if listed is None or not state.is_live(listed):
         subprocess.run([*CLI, "down", name], capture_output=True, timeout=120)
@@ -167,6 +168,20 @@ def finish_search(name: str, profile: Path, storage: str) -> None:
     done = subprocess.run([sys.executable, "-c", HPO_DRIVER, name, storage, str(TRIALS)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def reachable_or_gone(name: str) -> bool:
+    """The cluster answers, or its record is gone or dead."""
+    from clusterkit import api
+
+    record = state.read_record(name)
+    if record is None or not state.is_live(record):
+        return True
+    try:
+        api.status(name)
+    except Exception:
+        return False
+    return True
 
 
 def check_study(storage: str) -> None:
