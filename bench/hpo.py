@@ -145,6 +145,144 @@ def run_skopt_batches(client: Any, times: list[float], seed: int) -> tuple[float
     return time.perf_counter() - started, overhead / N_TRIALS
 
 
+# ------------------------------------------------------- scale: zero-length trials, 256 slots
+
+
+def zero_objective(trial: Any) -> float:
+    return trial.suggest_float("x", 0.0, 1.0)
+
+
+def sleep_objective_for(times: list[float]) -> Callable[[Any], float]:
+    def objective(trial: Any) -> float:
+        x = trial.suggest_float("x", 0.0, 1.0)
+        time.sleep(times[trial.number])
+        return x
+
+    return objective
+
+
+def scale_clusterkit(client: Any, objective: Any, n: int, storage: str) -> tuple[float, float]:
+    """Wall seconds and driver seconds per trial of clusterkit with RandomSampler."""
+    import tempfile
+
+    import optuna
+
+    from clusterkit.runners import hpo
+    from clusterkit.runners.hpo import driver as hpo_driver
+
+    store: Any = optuna.storages.InMemoryStorage()
+    if storage == "journal":
+        store = tempfile.mkdtemp(prefix="hpo-bench-") + "/study.optuna.log"
+    started = time.perf_counter()
+    hpo.run(
+        objective,
+        n_trials=n,
+        client=client,
+        storage=store,
+        study_name="scale",
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        progress=False,
+    )
+    wall = time.perf_counter() - started
+    return wall / n, hpo_driver.LAST_RUN_STATS["overhead_s"] / n
+
+
+def scale_hand_loop(client: Any, objective: Any, n: int) -> tuple[float, float]:
+    """The hand-written as-completed loop: ask on the driver, run the objective on a worker
+    with the fixed parameters (a FixedTrial), tell as each finishes."""
+    import optuna
+    from distributed import as_completed
+
+    dists = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    slots = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    started, overhead = time.perf_counter(), 0.0
+
+    def run_fixed(params: dict[str, float], number: int) -> float:
+        return objective(optuna.trial.FixedTrial(params, number))
+
+    def submit() -> Any:
+        trial = study.ask(dists)
+        future = client.submit(run_fixed, trial.params, trial.number, pure=False)
+        future.number = trial.number
+        return future
+
+    pending = as_completed([submit() for _ in range(min(slots, n))])
+    asked = min(slots, n)
+    for future in pending:
+        began = time.perf_counter()
+        study.tell(future.number, future.result())
+        if asked < n:
+            pending.add(submit())
+            asked += 1
+        overhead += time.perf_counter() - began
+    wall = time.perf_counter() - started
+    return wall / n, overhead / n
+
+
+def bench_zero(sizes: list[int]) -> None:
+    """Zero-length trials on 2 single-thread workers, side by side per N."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2)
+        client.run(__import__, "clusterkit.runners.hpo.worker")
+        scale_clusterkit(client, zero_objective, 20, "memory")  # warm both paths
+        scale_hand_loop(client, zero_objective, 20)
+        print(
+            "| N | clusterkit in-memory ms/trial (driver) | clusterkit journal ms/trial (driver) "
+            "| hand loop ms/trial (driver) | clusterkit journal / hand |"
+        )
+        print("|---|---|---|---|---|")
+        for n in sizes:
+            mem = scale_clusterkit(client, zero_objective, n, "memory")
+            jour = scale_clusterkit(client, zero_objective, n, "journal")
+            hand = scale_hand_loop(client, zero_objective, n)
+            print(
+                f"| {n} | {1e3 * mem[0]:.2f} ({1e3 * mem[1]:.2f}) | {1e3 * jour[0]:.2f} "
+                f"({1e3 * jour[1]:.2f}) | {1e3 * hand[0]:.2f} ({1e3 * hand[1]:.2f}) "
+                f"| {jour[0] / hand[0]:.2f} |",
+                flush=True,
+            )
+
+
+def lognormal_times(n: int, mean: float, cap: float, seed: int = 7) -> list[float]:
+    rng = np.random.default_rng(seed)
+    mu = math.log(mean) - 0.5
+    return [min(cap, float(d)) for d in rng.lognormal(mu, 1.0, n)]
+
+
+def bench_slots(n: int, workers: int, threads: int, storage: str) -> None:
+    """Many slots: sleeping lognormal trials (mean 2 s, sigma 1, cap 20 s), makespan / ideal."""
+    from distributed import Client, LocalCluster
+
+    times = lognormal_times(n, 2.0, 20.0)
+    slots = workers * threads
+    ideal = ideal_makespan(times, slots)
+    with (
+        LocalCluster(
+            n_workers=workers, threads_per_worker=threads, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(workers)
+        client.run(__import__, "clusterkit.runners.hpo.worker")
+        per_trial, driver = scale_clusterkit(client, sleep_objective_for(times), n, storage)
+    makespan = per_trial * n
+    print("| slots | trials | storage | makespan s | ideal s | ratio | driver ms/trial |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {slots} | {n} | {storage} | {makespan:.1f} | {ideal:.1f} | {makespan / ideal:.3f} "
+        f"| {1e3 * driver:.2f} |",
+        flush=True,
+    )
+
+
 # ------------------------------------------------------------------ driver
 
 
@@ -153,7 +291,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--reps", type=int, default=3, help="repetitions of the async methods")
     parser.add_argument("--skopt-reps", type=int, default=1, help="repetitions of skopt (slow)")
+    parser.add_argument("--zero", type=int, nargs="*", help="zero-length trial counts to run")
+    parser.add_argument("--slots", type=int, nargs="*", help="TRIALS WORKERS THREADS")
+    parser.add_argument("--storage", default="journal", choices=["journal", "memory"])
     args = parser.parse_args()
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    if args.zero or args.slots:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if args.zero:
+            bench_zero(args.zero)
+        if args.slots:
+            bench_slots(*args.slots, storage=args.storage)
+        return
 
     import optuna
     from distributed import Client, LocalCluster

@@ -44,6 +44,7 @@ from clusterkit.runners.hpo.dispatch import (
     is_lost_worker,
     slots,
 )
+from clusterkit.runners.hpo.storage import flush as flush_storage
 
 if TYPE_CHECKING:
     import optuna
@@ -88,6 +89,7 @@ class _Driver:
         self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
         self._slots_value, self._slots_at = 1, -math.inf
         self._keys = 0
+        self._reported_at = -math.inf
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
 
     # ------------------------------------------------------------------ dispatch
@@ -162,7 +164,7 @@ class _Driver:
             self._slots_at = time.monotonic()
             self.log.resize(self._slots_value)
             self._fill()
-            self._show()
+            self._report()
             while self.inflight:
                 try:
                     kind, item = self.inbox.get(timeout=1.0)
@@ -173,14 +175,22 @@ class _Driver:
                 if kind == "done":
                     self._finished(item)
                     self._fill()  # after a retry or a failure
-                    self._show()
                 else:
                     self._event(item)
+                if self.inbox.empty() or time.monotonic() - self._reported_at > 0.25:
+                    self._report()
                 self.overhead += time.perf_counter() - began
         finally:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()
+            flush_storage(self.study._storage)
             self.log.close(self.topic)
+
+    def _report(self) -> None:
+        """Make every write durable, then show progress (see :mod:`.storage`)."""
+        flush_storage(self.study._storage)
+        self._reported_at = time.monotonic()
+        self._show()
 
     def _check_cluster(self) -> None:
         """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
@@ -208,7 +218,6 @@ class _Driver:
                 attempt.future.cancel()
                 self._fail_lost(attempt, "its worker died")
                 self._fill()
-            self._show()
             return
         if kind == "result":
             if msg.get("attempt") == attempt.submits and not msg.get("via_future"):
@@ -239,6 +248,7 @@ class _Driver:
             if step not in frozen.intermediate_values:
                 storage.set_trial_intermediate_value(attempt.trial_id, step, value)
         decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
+        flush_storage(storage)  # an answer is a report: what it was decided on is durable first
         scheduler: Any = self.client.scheduler
         self.client.sync(scheduler.queue_put, name=msg["reply"], data=decision)
 

@@ -72,8 +72,7 @@ def resolve_storage(spec: Any, study_name: str) -> Any:
     plain path gives a journal file. Anything else is a BadInput naming what is accepted.
     """
     import optuna
-    from optuna.storages import BaseStorage, JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages import BaseStorage
 
     if isinstance(spec, BaseStorage):
         return spec
@@ -101,7 +100,9 @@ def resolve_storage(spec: Any, study_name: str) -> Any:
             f"storage {text!r} is neither a database URL nor a file in an existing directory",
             hint="use sqlite:///FILE.db, postgresql://..., or a journal file like study.optuna.log",
         )
-    return JournalStorage(JournalFileBackend(str(path)))
+    from clusterkit.runners.hpo.storage import open_journal
+
+    return open_journal(str(path))
 
 
 def counted(trial: Any) -> bool:
