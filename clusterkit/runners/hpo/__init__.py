@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from clusterkit.runners.hpo.driver import best_summary, run
+    from clusterkit.runners.hpo.driver import run
+    from clusterkit.runners.hpo.records import best_summary
 
 __all__ = ["best_summary", "run"]
 

@@ -130,3 +130,27 @@ def recover_orphans(study: Any) -> list[int]:
     if recovered:
         logger.info("recovered orphaned trials %s; their parameters are enqueued", recovered)
     return recovered
+
+
+def check_counts(n_trials: int, max_retries: int) -> None:
+    if n_trials < 1:
+        raise BadInput(f"n_trials must be at least 1, got {n_trials}")
+    if max_retries < 0:
+        raise BadInput(f"max_retries must be 0 or more, got {max_retries}")
+
+
+def open_study(
+    objective: Any, storage: Any, study_name: str | None, direction: str, sampler: Any, pruner: Any
+) -> Any:
+    """Create the study, or load it to resume when the storage holds one of that name."""
+    import optuna
+
+    name = study_name or default_study_name(objective)
+    return optuna.create_study(
+        storage=resolve_storage(storage, name),
+        study_name=name,
+        direction=direction,  # type: ignore[arg-type]  # optuna validates the string
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )

@@ -209,3 +209,11 @@ def _timeline(study: Any, folder: Path) -> None:
     axes.set_title(title)
     fig.savefig(folder / "timeline.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def finish(study: Any, out: str | Path | None, progress: bool) -> None:
+    """After a search: the results folder, if asked for, and the best trials on the terminal."""
+    if out is not None:
+        write_results(study, out)
+    if progress:
+        print_best(study)

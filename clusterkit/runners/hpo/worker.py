@@ -92,11 +92,9 @@ def run_trial(
 ) -> dict[str, Any]:
     """Run trial ``number`` of the study on this worker and return its full record.
 
-    ``delta_blob`` is the driver's change log from a version on (see :mod:`.mirror`); ``base``
-    the log up to some version, or None. A mirror too old for the delta returns
-    ``{"stale": True}`` at once, and the driver sends the task again with a base. The sampler
-    arrives pickled with its random state fixed by the driver, so a re-run of this same task
-    (Dask reschedules it when its worker dies) proposes the same parameters.
+    ``delta_blob``, ``base``: the study's changes for the mirror (:mod:`.mirror`); a mirror
+    too old for them returns ``{"stale": True}``. The sampler's random state is fixed by the
+    driver, so a re-run of this task (its worker died) proposes the same parameters.
     """
     channel = Channel(topic, number, attempt)
     mirror = mirror_for(topic)

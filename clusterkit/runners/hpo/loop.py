@@ -1,0 +1,324 @@
+"""The driver's dispatch loop: one trial per free slot, the next asked as soon as one finishes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.errors import ClusterkitError
+from clusterkit.runners.hpo import inputs, records
+from clusterkit.runners.hpo.changelog import ChangeLog
+from clusterkit.runners.hpo.dispatch import Attempt, count_slots, is_lost_worker, slots
+from clusterkit.runners.hpo.storage import flush as flush_storage
+
+if TYPE_CHECKING:
+    import optuna
+    from distributed import Client, Future
+
+logger = logging.getLogger(__name__)
+
+
+class SearchLoop:
+    """The dispatch loop: one trial per free slot, the next asked as soon as one finishes."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        client: Client,
+        objective_blob: bytes,
+        n_trials: int,
+        resources: Mapping[str, float] | None,
+        max_retries: int,
+        catch: tuple[type[BaseException], ...],
+        timeout: float | None,
+        display: Any,
+    ) -> None:
+        self.study = study
+        self.client = client
+        self.blob = objective_blob
+        self.n_trials = n_trials
+        self.resources = dict(resources) if resources else None
+        self.max_retries = max_retries
+        self.catch = catch
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.display = display
+        self.topic = f"clusterkit-hpo-{uuid.uuid4().hex[:12]}"
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.inflight: dict[int, Attempt] = {}
+        self.by_key: dict[Any, int] = {}
+        self.done = sum(inputs.counted(t) for t in study.get_trials(deepcopy=False))
+        self.directions = [int(d) for d in study.directions]
+        self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
+        self._slots_value, self._slots_at = 1, -math.inf
+        self._keys = 0
+        self._reported_at = -math.inf
+        self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _submit(
+        self, attempt_number: int, trial_id: int, submits: int, with_base: bool = False
+    ) -> Future:
+        import pickle
+
+        from clusterkit.runners.hpo.worker import run_trial
+
+        sampler = self.study.sampler
+        sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
+        self._keys += 1
+        key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}-{self._keys}"
+        delta, base = self.log.delta(with_base)  # pickled now, on this thread
+        future = self.client.submit(
+            run_trial,
+            self.blob,
+            pickle.dumps(sampler),
+            delta,
+            base,
+            self.study.study_name,
+            self.directions,
+            attempt_number,
+            self.topic,
+            submits,
+            key=key,
+            pure=False,
+            resources=self.resources,
+        )
+        self.by_key[key] = attempt_number
+        future.add_done_callback(lambda f: self.inbox.put(("done", f)))
+        return future
+
+    def _refresh_slots(self) -> None:
+        """Re-count slots at most once a second, in the background: workers come and go."""
+        now = time.monotonic()
+        if now - self._slots_at > 1.0:
+            self._slots_at = now
+            loop: Any = self.client.loop
+            loop.add_callback(self._update_slots)
+
+    async def _update_slots(self) -> None:
+        scheduler: Any = self.client.scheduler
+        try:
+            info = await scheduler.identity(n_workers=-1)
+        except OSError:  # the scheduler is briefly unreachable: keep the last count
+            return
+        workers = info["workers"]
+        self._slots_value = max(1, count_slots(workers.values(), self.resources))
+        self.log.resize(self._slots_value)
+        self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})
+
+    def _fill(self) -> None:
+        while (
+            len(self.inflight) < self._slots_value
+            and self.done + len(self.inflight) < self.n_trials
+            and (self.deadline is None or time.monotonic() < self.deadline)
+        ):
+            trial = self.study.ask()
+            self.log.add(self.study._storage.get_trial(trial._trial_id))
+            self.inflight[trial.number] = Attempt(
+                trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
+            )
+        self._refresh_slots()  # after dispatching, so the RPC never delays a trial
+
+    def loop(self) -> None:
+        self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
+        try:
+            self._slots_value = max(1, slots(self.client, self.resources))
+            self._slots_at = time.monotonic()
+            self.log.resize(self._slots_value)
+            self._fill()
+            self._report()
+            while self.inflight:
+                try:
+                    kind, item = self.inbox.get(timeout=1.0)
+                except queue.Empty:
+                    self._check_cluster()
+                    continue
+                began = time.perf_counter()
+                if kind == "done":
+                    self._finished(item)
+                    self._fill()  # after a retry or a failure
+                else:
+                    self._event(item)
+                if self.inbox.empty() or time.monotonic() - self._reported_at > 0.25:
+                    self._report()
+                self.overhead += time.perf_counter() - began
+        finally:
+            self.client.unsubscribe_topic(self.topic)
+            self._abandon()
+            flush_storage(self.study._storage)
+            self.log.close(self.topic)
+
+    def _report(self) -> None:
+        """Make every write durable, then show progress (see :mod:`.storage`)."""
+        flush_storage(self.study._storage)
+        self._reported_at = time.monotonic()
+        self._show()
+
+    def _check_cluster(self) -> None:
+        """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
+        if self.client.status in ("closing", "closed"):
+            raise ClusterkitError(
+                f"lost the cluster mid-search ({self.done} of {self.n_trials} trials finished); "
+                "every reported result is in the study",
+                hint="bring the cluster back and run the same search (same storage and study "
+                "name) to resume",
+            )
+
+    # ------------------------------------------------------------------ events from workers
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        attempt = self.inflight.get(msg.get("number", -1))
+        if attempt is None:
+            return
+        kind = msg["kind"]
+        if kind == "start":
+            attempt.starts += 1
+            attempt.workers.append(msg["worker"])
+            self.log.ack(msg["worker"], msg["version"])
+            if max(attempt.starts, attempt.submits) > 1 + self.max_retries:
+                attempt.future.cancel()
+                self._fail_lost(attempt, "its worker died")
+                self._fill()
+            return
+        if kind == "result":
+            if msg.get("attempt") == attempt.submits and not msg.get("via_future"):
+                record = json.loads(msg["record"])
+                record["intermediate"] = {int(k): v for k, v in record["intermediate"].items()}
+                record["exception"] = msg.get("exception")
+                self._complete(attempt, record)
+            return
+        try:
+            if kind == "prune":
+                self._answer_prune(attempt, msg)
+            else:
+                records.apply_write(self.study._storage, attempt.trial_id, msg)
+        except Exception as error:  # a write racing the trial's end must not stop the search
+            logger.debug("ignored %s message for trial %s: %s", kind, attempt.number, error)
+
+    def _answer_prune(self, attempt: Attempt, msg: dict[str, Any]) -> None:
+        storage = self.study._storage
+        records.add_intermediate(storage, attempt.trial_id, msg["intermediate"])
+        decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
+        flush_storage(storage)  # an answer is a report: what it was decided on is durable first
+        scheduler: Any = self.client.scheduler
+        self.client.sync(scheduler.queue_put, name=msg["reply"], data=decision)
+
+    # ------------------------------------------------------------------ results
+
+    def _finished(self, future: Future) -> None:
+        number = self.by_key.pop(future.key, -1)
+        attempt = self.inflight.get(number)
+        if attempt is None or attempt.future.key != future.key:
+            return  # a cancelled or superseded attempt
+        if future.status == "finished":  # its record did not come as an event: fetch it
+            record = future.result()
+            if record.get("stale"):  # the worker's mirror was too old: again, with the base
+                self.log.forget(record["worker"])
+                attempt.future = self._submit(
+                    attempt.number, attempt.trial_id, attempt.submits, with_base=True
+                )
+            else:
+                self._complete(attempt, record)
+            return
+        error = None if future.status == "cancelled" else future.exception()
+        if error is not None and not is_lost_worker(error):
+            self._tell(attempt, "FAIL", error=f"{type(error).__name__}: {error}")
+            raise error
+        tries = max(attempt.starts, attempt.submits)
+        if tries > self.max_retries:
+            self._fail_lost(attempt, f"its worker was lost ({type(error).__name__})")
+            return
+        attempt.submits = tries + 1
+        logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
+        attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
+
+    def _complete(self, attempt: Attempt, record: dict[str, Any]) -> None:
+        # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
+        self.inflight.pop(attempt.number, None)
+        self.done += 1
+        self._fill()
+        self._record(attempt, record)
+
+    def _fail_lost(self, attempt: Attempt, why: str) -> None:
+        tries = max(attempt.starts, attempt.submits)
+        self._tell(attempt, "FAIL", error=f"trial failed after {tries} attempts: {why}")
+
+    def _record(self, attempt: Attempt, record: dict[str, Any]) -> None:
+        """Apply the worker's authoritative record, then tell the study."""
+        import cloudpickle
+
+        records.apply_record(self.study._storage, attempt.trial_id, record)
+        self._tell(attempt, record["state"], record["values"], record["error"])
+        if record["state"] == "FAIL" and record["exception"] is not None:
+            error = cloudpickle.loads(record["exception"])
+            if not isinstance(error, self.catch):
+                raise error
+
+    def _tell(self, attempt: Attempt, state: str, values: Any = None, error: str | None = None):
+        from optuna.trial import TrialState
+
+        storage = self.study._storage
+        tries = max(attempt.starts, attempt.submits)
+        if tries > 1:  # each attribute is a storage write; keep the common case at none
+            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, tries)
+        if error:
+            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, error)
+            logger.warning("trial %s failed: %s", attempt.number, error)
+        if state == "COMPLETE":
+            self.study.tell(attempt.number, values)
+        else:
+            self.study.tell(attempt.number, state=TrialState[state])
+        self.log.add(storage.get_trial(attempt.trial_id))
+        if self.inflight.pop(attempt.number, None) is not None:
+            self.done += 1
+
+    def _abandon(self) -> None:
+        """On an early exit, cancel what runs and leave it for the next run to resume."""
+        if not self.inflight:
+            return
+        for attempt in self.inflight.values():
+            attempt.future.cancel()
+        self.inflight.clear()
+        inputs.recover_orphans(self.study)
+
+    def _show(self) -> None:
+        if self.display is not None:
+            busy = len({a.workers[-1] for a in self.inflight.values() if a.workers})
+            self.display.update(self.study, len(self.inflight), busy, self.n_trials)
+
+
+def drive(
+    study: optuna.Study,
+    client: Client,
+    objective: Any,
+    n_trials: int,
+    resources: Mapping[str, float] | None,
+    max_retries: int,
+    catch: tuple[type[BaseException], ...],
+    timeout: float | None,
+    progress: bool,
+) -> SearchLoop:
+    """Run the loop to its end with the progress display, if asked for, open around it."""
+    import cloudpickle
+
+    from clusterkit.runners.hpo.report import ProgressDisplay
+
+    display = ProgressDisplay(n_trials) if progress else None
+    blob = cloudpickle.dumps(objective)
+    search = SearchLoop(
+        study, client, blob, n_trials, resources, max_retries, catch, timeout, display
+    )
+    try:
+        search.loop()
+    finally:
+        if display is not None:
+            display.close()
+        if hasattr(objective, "warnings_summary"):  # each warning once, with a count
+            objective.warnings_summary("trials")
+    return search
