@@ -345,3 +345,28 @@ def example_project_on(client, tmp_path: Path, *, copy: bool) -> set[str]:
     assert len(trials) == 2 and all(t.value >= 10 for t in trials)
     assert all((t.user_attrs["cwd"] == str(root)) != copy for t in trials)
     return modes
+
+
+def edit_then_die(ctx) -> str:
+    """Attempt 0: rank 1 edits a project file in place, then its worker dies."""
+    import signal
+    import time
+
+    if ctx.restart_count == 0 and ctx.rank == 1:
+        Path("version.txt").write_text("edited during the run\n")
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)
+    if ctx.restart_count == 0:
+        time.sleep(30)  # rank 0 waits to be stopped with the group
+    return Path("version.txt").read_text().strip()
+
+
+@pytest.mark.local
+def test_restart_after_the_project_changed_on_disk(client, tmp_path: Path) -> None:
+    """The replacement worker finds the project as it is now (a restart re-reads it, as
+    torchrun's would), instead of failing on digests that no longer match."""
+    root = tmp_path / "edited"
+    root.mkdir()
+    (root / "version.txt").write_text("original\n")
+    results = ddp.run(edit_then_die, client=client, workdir=root, max_restarts=1, timeout=150)
+    assert results == ["edited during the run"] * 2

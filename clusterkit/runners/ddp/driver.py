@@ -317,6 +317,10 @@ def _attempts(
             log.warning("DDP attempt %d failed (%s); restarting", attempt, failure.message)
             counter[0] += 1
             checkpoint = _checkpoint(client, run_id)
+            if options.project is not None:  # the project as it is now, as torchrun would
+                from clusterkit.runners.workdir import reship
+
+                options = dataclasses.replace(options, project=reship(client, options.project))
 
 
 @dataclass(frozen=True)

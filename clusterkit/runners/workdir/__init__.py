@@ -24,7 +24,7 @@ from clusterkit.runners.workdir.project import (
     parse_max_size,
     scan,
 )
-from clusterkit.runners.workdir.ship import Shipment, ship
+from clusterkit.runners.workdir.ship import Shipment, reship, ship
 
 __all__ = [
     "COPY_ENV",
@@ -36,6 +36,7 @@ __all__ = [
     "entered",
     "in_project",
     "parse_max_size",
+    "reship",
     "resolve",
     "scan",
     "ship",

@@ -74,6 +74,16 @@ def ship(client: Client, project: Project) -> Shipment:
     return result
 
 
+def reship(client: Client, old: Project) -> Project:
+    """Scan and ship ``old``'s directory again (a restart after files changed on disk, so
+    that replacement workers find it too); the cap is not applied a second time."""
+    from clusterkit.runners.workdir.project import scan
+
+    project = scan(old.root, max_size=max(old.size * 4, 2**30), copy=old.copy)
+    ship(client, project)
+    return project
+
+
 class ProjectPlugin(WorkerPlugin):
     """Serves the project's files to peers; a new worker fetches them before it runs tasks."""
 
