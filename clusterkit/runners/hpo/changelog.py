@@ -31,7 +31,7 @@ class ChangeLog:
         self.resize(slots)
         self._base: Future | None = None
         self._base_version = -1
-        self.base_builds = 0
+        self._held: list[Future] = []
 
     def resize(self, slots: int) -> None:
         self.window = 2 * slots + 64
@@ -61,7 +61,9 @@ class ChangeLog:
                 (version, self.entries[:version]), broadcast=True, hash=False
             )
             self._base_version = version
-            self.base_builds += 1
+            # Held to the end: a task submitted with an older base may reach the scheduler
+            # after the client would otherwise have released it (the task then waits forever).
+            self._held.append(self._base)
         return self._base, self._base_version
 
     def delta(self, with_base: bool = False) -> tuple[bytes, Future | None]:
@@ -78,6 +80,6 @@ class ChangeLog:
         """Drop the workers' mirrors of this search and the base."""
         from clusterkit.runners.hpo.mirror import drop_mirror
 
-        self._base = None
+        self._base, self._held = None, []
         with contextlib.suppress(Exception):  # a gone cluster has no mirrors left to drop
             self.client.run(drop_mirror, topic)
