@@ -138,6 +138,7 @@ class SearchLoop:
                     kind, item = self.inbox.get(timeout=1.0)
                 except queue.Empty:
                     self._check_cluster()
+                    self._recheck()
                     continue
                 began = time.perf_counter()
                 if kind == "done":
@@ -159,6 +160,13 @@ class SearchLoop:
         flush_storage(self.study._storage)
         self._reported_at = time.monotonic()
         self._show()
+
+    def _recheck(self) -> None:
+        """Idle for a second: look at the futures directly, so no lost notice stalls the search
+        (a future handled twice is ignored the second time)."""
+        for attempt in list(self.inflight.values()):
+            if attempt.future.done():
+                self.inbox.put(("done", attempt.future))
 
     def _check_cluster(self) -> None:
         """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
