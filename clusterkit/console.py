@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,9 @@ def out() -> Console:
     if _stdout is None:
         from rich.console import Console
 
-        _stdout = Console(highlight=False, soft_wrap=True)
+        # piped output is data: never cut a column to an 80-column guess
+        width = None if sys.stdout.isatty() else max(int(os.environ.get("COLUMNS") or 0), 200)
+        _stdout = Console(highlight=False, soft_wrap=True, width=width)
     return _stdout
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,17 +75,20 @@ def test_logs_by_component_since_and_follow(daily: str) -> None:
     follower = subprocess.Popen(
         [*CLI, "logs", daily, "-f", "-c", "worker"], stdout=subprocess.PIPE, text=True
     )
+    assert follower.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(follower.stdout.readline, "")), daemon=True
+    )
+    reader.start()
     try:
         time.sleep(3)
         with get_client(daily) as client:
             client.submit(_log_marker, "clusterkit-follow-marker").result(timeout=30)
-        deadline, seen = time.monotonic() + 30, ""
-        assert follower.stdout is not None
-        os.set_blocking(follower.stdout.fileno(), False)
-        while "clusterkit-follow-marker" not in seen and time.monotonic() < deadline:
-            seen += follower.stdout.read() or ""
+        deadline = time.monotonic() + 30
+        while not any("clusterkit-follow-marker" in line for line in lines):
+            assert time.monotonic() < deadline, "logs -f did not show the new line"
             time.sleep(0.2)
-        assert "clusterkit-follow-marker" in seen
     finally:
         follower.terminate()
         follower.wait(timeout=30)

@@ -352,6 +352,7 @@ def test_unreadable_record_never_hides_a_running_cluster(tmp_path: Path) -> None
 
 
 def test_cli_ls_shows_an_unreadable_record_with_its_path(tmp_path: Path) -> None:
+    state.clusters_dir().mkdir(parents=True, exist_ok=True)
     state.record_path("junk").write_text("not json")
     cli = [sys.executable, "-m", "clusterkit"]
     done = subprocess.run([*cli, "ls", "--json"], capture_output=True, text=True, timeout=60)
