@@ -66,6 +66,10 @@ class ChangeLog:
             self._held.append(self._base)
         return self._base, self._base_version
 
+    def drop_base(self) -> None:
+        """The base was lost (every worker holding it died): the next task scatters a new one."""
+        self._base, self._base_version = None, -1
+
     def delta(self, with_base: bool = False) -> tuple[bytes, Future | None]:
         """The pickled ``(since, entries)`` a task carries, and the base future or None."""
         head = len(self.entries)

@@ -21,6 +21,7 @@ class Attempt:
     future: Future
     starts: int = 0
     submits: int = 1
+    requeues: int = 0  # Dask dropped the task (lost inputs): submitted again, not a new attempt
     workers: list[str] = field(default_factory=list)
 
 

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: How often one trial's task may be dropped by Dask (lost inputs) and submitted again.
+MAX_REQUEUES = 5
+
 
 class SearchLoop:
     """The dispatch loop: one trial per free slot, the next asked as soon as one finishes."""
@@ -51,7 +54,7 @@ class SearchLoop:
         self.topic = f"clusterkit-hpo-{uuid.uuid4().hex[:12]}"
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.inflight: dict[int, Attempt] = {}
-        self.by_key: dict[Any, int] = {}
+        self.futures: dict[Any, tuple[int, Future]] = {}  # key: (trial number, its task)
         self.done = sum(inputs.counted(t) for t in study.get_trials(deepcopy=False))
         self.directions = [int(d) for d in study.directions]
         self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
@@ -89,8 +92,9 @@ class SearchLoop:
             pure=False,
             resources=self.resources,
         )
-        self.by_key[key] = attempt_number
-        future.add_done_callback(lambda f: self.inbox.put(("done", f)))
+        self.futures[key] = (attempt_number, future)
+        # the key, not the future: a notice left in the inbox must not keep a result alive
+        future.add_done_callback(lambda f: self.inbox.put(("done", f.key)))
         return future
 
     def _refresh_slots(self) -> None:
@@ -154,6 +158,7 @@ class SearchLoop:
             self._abandon()
             flush_storage(self.study._storage)
             self.log.close(self.topic)
+            self.futures.clear()  # releases the tasks' results on the cluster
 
     def _report(self) -> None:
         """Make every write durable, then show progress (see :mod:`.storage`)."""
@@ -166,7 +171,7 @@ class SearchLoop:
         (a future handled twice is ignored the second time)."""
         for attempt in list(self.inflight.values()):
             if attempt.future.done():
-                self.inbox.put(("done", attempt.future))
+                self.inbox.put(("done", attempt.future.key))
 
     def _check_cluster(self) -> None:
         """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
@@ -219,11 +224,11 @@ class SearchLoop:
 
     # ------------------------------------------------------------------ results
 
-    def _finished(self, future: Future) -> None:
-        number = self.by_key.pop(future.key, -1)
+    def _finished(self, key: Any) -> None:
+        number, future = self.futures.pop(key, (-1, None))
         attempt = self.inflight.get(number)
-        if attempt is None or attempt.future.key != future.key:
-            return  # a cancelled or superseded attempt
+        if future is None or attempt is None or attempt.future.key != key:
+            return  # handled already, or a cancelled or superseded attempt
         if future.status == "finished":  # its record did not come as an event: fetch it
             record = future.result()
             if record.get("stale"):  # the worker's mirror was too old: again, with the base
@@ -234,7 +239,10 @@ class SearchLoop:
             else:
                 self._complete(attempt, record)
             return
-        error = None if future.status == "cancelled" else future.exception()
+        if future.status == "cancelled":  # not by us: it is no longer in flight when we cancel
+            self._requeue(attempt)
+            return
+        error = future.exception()
         if error is not None and not is_lost_worker(error):
             self._tell(attempt, "FAIL", error=f"{type(error).__name__}: {error}")
             raise error
@@ -246,9 +254,25 @@ class SearchLoop:
         logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
         attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
 
+    def _requeue(self, attempt: Attempt) -> None:
+        """Dask cancelled the task: its input, the scattered base, was lost with the workers
+        that held it. Scatter a new base and submit again; this is no attempt of the trial's."""
+        attempt.requeues += 1
+        if attempt.requeues > MAX_REQUEUES:
+            self._fail_lost(attempt, f"Dask cancelled it {attempt.requeues} times (lost inputs)")
+            return
+        logger.info(
+            "trial %s: Dask dropped its task (lost inputs); submitting again", attempt.number
+        )
+        self.log.drop_base()
+        attempt.future = self._submit(
+            attempt.number, attempt.trial_id, attempt.submits, with_base=True
+        )
+
     def _complete(self, attempt: Attempt, record: dict[str, Any]) -> None:
         # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
         self.inflight.pop(attempt.number, None)
+        self.futures.pop(attempt.future.key, None)  # its record is here: release the result
         self.done += 1
         self._fill()
         self._record(attempt, record)
