@@ -157,13 +157,14 @@ class Emulator(kmock.KubernetesEmulator):
             self._default_metadata(request)
         elif request.action == enums.action.UPDATE:
             self._bump_version(request.data)
-        owner_uid = None
-        if request.action == enums.action.DELETE and request.name is not None:
-            key = (resource, request.namespace, request.name)
-            if key in self.objects and not self.objects[key].deleted:
-                owner_uid = _dig(self.objects[key].raw, "metadata.uid")
+        owner_uid, key = None, (resource, request.namespace, request.name)
+        named = request.action in (enums.action.DELETE, enums.action.UPDATE) and request.name
+        if named and key in self.objects and not self.objects[key].deleted:
+            owner_uid = _dig(self.objects[key].raw, "metadata.uid")
         response = await super()._handle(request)
-        if owner_uid:
+        # dependents go once the owner is really gone: a finalizer (the operator's) holds it
+        # until its controller removes the finalizer, as the real garbage collector waits
+        if owner_uid and self.objects[key].deleted:
             await self._collect_garbage({owner_uid})
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             await self._reap_if_orphan(resource, request.data.get("metadata", {}))

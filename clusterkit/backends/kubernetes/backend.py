@@ -99,22 +99,36 @@ def _connect(name: str, namespace: str, security: ClusterSecurity, timeout: floa
 
 
 def delete(api: Any, name: str, namespace: str, timeout: float = 60) -> None:
-    """Delete the DaskCluster and wait until its pods are gone."""
+    """Delete the DaskCluster; return once it and its pods are gone.
+
+    The operator's finalizer holds the DaskCluster until its delete handler ran, and the
+    garbage collector removes the pods after it, so both are waited for.
+    """
     import kr8s
 
     with contextlib.suppress(kr8s.NotFoundError):
         kind("DaskCluster").get(name, namespace=namespace, api=api).delete()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        left = list(
-            kr8s.get(
-                "pods", namespace=namespace, api=api, label_selector={"dask.org/cluster-name": name}
-            )
-        )
+        left = _remaining(api, name, namespace)
         if not left:
             return
         time.sleep(pods.POLL)
-    logger.warning("pods of %s/%s still terminating after %.0fs", namespace, name, timeout)
+    logger.warning("%s of %s/%s still terminating after %.0fs", left, namespace, name, timeout)
+
+
+def _remaining(api: Any, name: str, namespace: str) -> str:
+    """What of the cluster still exists, in words ('' when nothing)."""
+    import kr8s
+
+    try:
+        kind("DaskCluster").get(name, namespace=namespace, api=api)
+        return "the DaskCluster"
+    except kr8s.NotFoundError:
+        pass
+    selector = {"dask.org/cluster-name": name}
+    left = list(kr8s.get("pods", namespace=namespace, api=api, label_selector=selector))
+    return f"{len(left)} pods" if left else ""
 
 
 def _where(record: ClusterRecord) -> tuple[str, str, str | None]:

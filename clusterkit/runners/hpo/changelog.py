@@ -4,12 +4,20 @@ snapshots, what each live worker acknowledged, and the base snapshot late worker
 from __future__ import annotations
 
 import contextlib
+import logging
 import pickle
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distributed import Client, Future
     from optuna.trial import FrozenTrial
+
+
+logger = logging.getLogger(__name__)
+
+#: Tries to scatter the base while workers come and go.
+SCATTER_TRIES = 5
 
 
 class ChangeLog:
@@ -57,14 +65,25 @@ class ChangeLog:
     def _base_for(self, head: int) -> tuple[Future, int]:
         if self._base is None or head - self._base_version > self.window // 2:
             version = head
-            self._base = self.client.scatter(
-                (version, self.entries[:version]), broadcast=True, hash=False
-            )
+            self._base = self._scatter((version, self.entries[:version]))
             self._base_version = version
             # Held to the end: a task submitted with an older base may reach the scheduler
             # after the client would otherwise have released it (the task then waits forever).
             self._held.append(self._base)
         return self._base, self._base_version
+
+    def _scatter(self, base: tuple[int, list[FrozenTrial]]) -> Future:
+        """Put the base on every worker; a worker dying meanwhile fails the call: try again
+        (the scheduler has dropped it by then)."""
+        for attempt in range(SCATTER_TRIES):
+            try:
+                return self.client.scatter(base, broadcast=True, hash=False)
+            except OSError as error:  # CommClosedError included
+                if attempt == SCATTER_TRIES - 1:
+                    raise
+                logger.info("scattering the study's base failed (%s); again", error)
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def drop_base(self) -> None:
         """The base was lost (every worker holding it died): the next task scatters a new one."""
