@@ -18,6 +18,7 @@ logger = logging.getLogger(__name__)
 
 #: Tries to scatter the base while workers come and go.
 SCATTER_TRIES = 5
+SCATTER_TIMEOUT = 30.0
 
 
 class ChangeLog:
@@ -73,15 +74,19 @@ class ChangeLog:
         return self._base, self._base_version
 
     def _scatter(self, base: tuple[int, list[FrozenTrial]]) -> Future:
-        """Put the base on every worker; a worker dying meanwhile fails the call: try again
-        (the scheduler has dropped it by then)."""
+        """Put the base on every worker. A worker dying meanwhile can fail the call or leave it
+        waiting on a connection that never answers: bounded, and tried again once the
+        scheduler has dropped that worker."""
+        import asyncio
+
         for attempt in range(SCATTER_TRIES):
+            pending = self.client.scatter(base, broadcast=True, hash=False, asynchronous=True)
             try:
-                return self.client.scatter(base, broadcast=True, hash=False)
-            except OSError as error:  # CommClosedError included
+                return self.client.sync(asyncio.wait_for, pending, SCATTER_TIMEOUT)
+            except (OSError, asyncio.TimeoutError) as error:  # CommClosedError is an OSError
                 if attempt == SCATTER_TRIES - 1:
                     raise
-                logger.info("scattering the study's base failed (%s); again", error)
+                logger.info("scattering the study's base failed (%r); again", error)
                 time.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
 
