@@ -83,7 +83,7 @@ class ChangeLog:
             pending = self.client.scatter(base, broadcast=True, hash=False, asynchronous=True)
             try:
                 return self.client.sync(asyncio.wait_for, pending, SCATTER_TIMEOUT)
-            except (OSError, asyncio.TimeoutError) as error:  # CommClosedError is an OSError
+            except Exception as error:  # CommClosedError, a timeout, KeyError of a gone worker
                 if attempt == SCATTER_TRIES - 1:
                     raise
                 logger.info("scattering the study's base failed (%r); again", error)
