@@ -179,6 +179,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "interface": {"interface": "lo"},
     "resources": {"worker": {"resources": {"MEM": 2}}, "preload": ["json"]},
     "lifetime": {"lifetime": "20m", "lifetime_stagger": "1m", "lifetime_restart": True},
+    "threads": {"worker": {"threads": 1}},  # fewer than cores/processes: one fit per GPU
 }
 JOBQUEUE_BASE = {"cores": 2, "memory": "2GiB", "walltime": "00:30:00", "queue": "debug"}
 
@@ -228,6 +229,8 @@ def test_job_script_worker_parses(case: tuple[str, str, int], tmp_path: Path) ->
         assert params["interface"] == "lo" and params.get("host") is None
     if variant == "tls":
         assert params["tls_ca_file"] and params["tls_cert"] and params["tls_key"]
+    # the parser's value: dask-jobqueue's --nthreads (cores/processes) or the profile's after it
+    assert int(params["nthreads"]) == (1 if variant == "threads" else 2)
     if scheme == "ucx" and gpus:  # dask-cuda's own UCX switches
         assert params["enable_tcp_over_ucx"]
         fast = variant == "ucx-nvlink-ib"

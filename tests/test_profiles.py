@@ -124,6 +124,9 @@ CASES = [
      "walltime.yaml:2: walltime: expected a walltime like '04:00:00' or '1-12:00:00', got '4h'"),
     ("gpus.yaml", "backend: local-cuda\nworker: {gpus: 2}\n",
      "gpus.yaml:1: local-cuda runs one worker per GPU: worker.gpus must be 1"),
+    ("threads.yaml", "backend: slurm\ncores: 8\nprocesses: 2\nworker: {threads: 5}\n",
+     "threads.yaml:1: worker.threads (5) is above the cores each worker has "
+     "(cores/processes = 4)"),
 ]
 
 

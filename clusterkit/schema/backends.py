@@ -131,10 +131,25 @@ class JobQueueProfile(ClusterProfile):
         description="how jobs show in the queue; default ck-<cluster name>-<id>",
     )
 
-    def worker_shapes(self) -> list[tuple[int, int, float]]:
-        # each worker gets cores/processes threads, whatever worker.threads says
-        threads = max(1, self.cores // self.processes)
-        return [(self.max_workers, threads, float(self.gpus_per_worker))]
+    @property
+    def cores_per_worker(self) -> int:
+        return max(1, self.cores // self.processes)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_threads(cls, data: Any) -> Any:
+        """Unless ``worker.threads`` is given (fewer, e.g. one fit per GPU at a time), each
+        worker runs cores/processes threads."""
+        if not isinstance(data, dict):
+            return data
+        worker = data.get("worker")
+        if worker is None:
+            worker = {}
+        cores, processes = data.get("cores", 1), data.get("processes", 1)
+        derivable = isinstance(cores, int) and isinstance(processes, int) and processes > 0
+        if isinstance(worker, dict) and "threads" not in worker and derivable:
+            return {**data, "worker": {**worker, "threads": max(1, cores // processes)}}
+        return data
 
     @model_validator(mode="after")
     def _per_job_sizes(self) -> JobQueueProfile:
@@ -148,15 +163,15 @@ class JobQueueProfile(ClusterProfile):
                 "dask-cuda runs one worker per GPU: keep worker.gpus at 1 and set processes "
                 "to the GPUs per job"
             )
-        # defaults, or the derived value (a dumped profile carries it back), are fine
-        given = [
-            *(["threads"] if self.worker.threads not in {1, self.cores // self.processes} else []),
-            *(["memory"] if self.worker.memory != "auto" else []),
-        ]
-        if given:
+        if self.worker.memory != "auto":
             raise ValueError(
-                f"worker.{given[0]} is derived for batch jobs: set cores, memory "
-                "and processes (per job); each worker gets cores/processes threads"
+                "worker.memory is derived for batch jobs: set memory (per job) and processes; "
+                "each worker gets memory/processes"
+            )
+        if self.worker.threads > self.cores_per_worker:
+            raise ValueError(
+                f"worker.threads ({self.worker.threads}) is above the cores each worker has "
+                f"(cores/processes = {self.cores_per_worker})"
             )
         latest = (self.lifetime or 0) + (self.lifetime_stagger or 0)
         if self.lifetime is not None and latest >= walltime_seconds(self.walltime):

@@ -67,6 +67,8 @@ def _worker_args(profile: JobQueueProfile, security: ClusterSecurity) -> list[st
     args: list[str] = []
     if not profile.interface and scheduler_host(profile) == LOOPBACK:
         args += ["--host", LOOPBACK]  # listen where the scheduler can reach, not on every NIC
+    if profile.worker.threads != profile.cores_per_worker:  # after dask-jobqueue's: it wins
+        args += ["--nthreads", str(profile.worker.threads)]
     resources = profile.worker_resources()
     if resources:
         args += ["--resources", options.resource_spec(resources)]
