@@ -28,7 +28,8 @@ class ChangeLog:
     never more than ``window`` entries back) to the head: about as many entries as trials that
     changed while the slowest worker's last task was on its way. While a live worker has not
     acknowledged anything (it joined late, restarted, or the search just began) tasks also carry
-    the base, the log up to a recent version, scattered once to the workers by Dask.
+    the base, the log up to a recent version, scattered once and fetched by each worker from
+    its peers (Dask's dependency transfer).
     """
 
     def __init__(self, client: Client, trials: list[FrozenTrial], slots: int) -> None:
@@ -74,13 +75,14 @@ class ChangeLog:
         return self._base, self._base_version
 
     def _scatter(self, base: tuple[int, list[FrozenTrial]]) -> Future:
-        """Put the base on every worker. A worker dying meanwhile can fail the call or leave it
-        waiting on a connection that never answers: bounded, and tried again once the
-        scheduler has dropped that worker."""
+        """Put the base on one worker; the others fetch it with their first task that needs it
+        (Dask's own dependency transfer). Not broadcast: the scheduler's replicate retries a
+        worker that died meanwhile forever. A worker dying mid-call can still fail it or leave
+        it waiting on a connection that never answers: bounded, and tried again."""
         import asyncio
 
         for attempt in range(SCATTER_TRIES):
-            pending = self.client.scatter(base, broadcast=True, hash=False, asynchronous=True)
+            pending = self.client.scatter(base, hash=False, asynchronous=True)
             try:
                 return self.client.sync(asyncio.wait_for, pending, SCATTER_TIMEOUT)
             except Exception as error:  # CommClosedError, a timeout, KeyError of a gone worker
