@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 #: How often one trial's task may be dropped by Dask (lost inputs) and submitted again.
 MAX_REQUEUES = 5
+#: Seconds without any notice from the cluster, trials in flight, before the loop logs why
+#: (or three times the longest trial so far, if more).
+STALL_AFTER = 60.0
 
 
 class SearchLoop:
@@ -61,6 +64,9 @@ class SearchLoop:
         self._slots_value, self._slots_at = 1, -math.inf
         self._keys = 0
         self._reported_at = -math.inf
+        self._heard_at = time.monotonic()  # the last notice from the cluster (watchdog)
+        self._stall_logged = False
+        self._longest = 0.0  # the longest trial so far: a quiet spell shorter is no stall
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
 
     # ------------------------------------------------------------------ dispatch
@@ -143,7 +149,9 @@ class SearchLoop:
                 except queue.Empty:
                     self._check_cluster()
                     self._recheck()
+                    self._watchdog()
                     continue
+                self._heard_at, self._stall_logged = time.monotonic(), False
                 began = time.perf_counter()
                 if kind == "done":
                     self._finished(item)
@@ -172,6 +180,31 @@ class SearchLoop:
         for attempt in list(self.inflight.values()):
             if attempt.future.done():
                 self.inbox.put(("done", attempt.future.key))
+
+    def _watchdog(self) -> None:
+        """Nothing heard for STALL_AFTER seconds with trials in flight: log, once per quiet
+        spell, what the scheduler says of their tasks (a stall is then diagnosable)."""
+        quiet = time.monotonic() - self._heard_at
+        if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
+            return
+        self._stall_logged = True
+        keys = [attempt.future.key for attempt in self.inflight.values()]
+
+        def task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
+            tasks = dask_scheduler.tasks
+            return {key: tasks[key].state if key in tasks else "unknown" for key in keys}
+
+        try:
+            states = self.client.run_on_scheduler(task_states, keys=keys)
+        except Exception as error:  # diagnosis only: never stop the search for it
+            states = {"scheduler": f"unreachable ({error!r})"}
+        logger.warning(
+            "no trial finished or reported for %.0fs; %d in flight; their tasks on the "
+            "scheduler: %s",
+            quiet,
+            len(keys),
+            ", ".join(f"{key}: {state}" for key, state in states.items()),
+        )
 
     def _check_cluster(self) -> None:
         """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
@@ -286,6 +319,8 @@ class SearchLoop:
         import cloudpickle
 
         records.apply_record(self.study._storage, attempt.trial_id, record)
+        if "start" in record and "end" in record:
+            self._longest = max(self._longest, record["end"] - record["start"])
         self._tell(attempt, record["state"], record["values"], record["error"])
         if record["state"] == "FAIL" and record["exception"] is not None:
             error = cloudpickle.loads(record["exception"])
