@@ -21,7 +21,7 @@ def client() -> Iterator[object]:
     from distributed import Client, LocalCluster
 
     with (
-        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
         Client(cluster) as connected,
     ):
         yield connected
