@@ -110,6 +110,13 @@ def counted(trial: Any) -> bool:
     return trial.state.is_finished() and not trial.user_attrs.get(ATTR_ORPHANED)
 
 
+def storage_of(study: Any) -> Any:
+    """The study's storage. Optuna has no public accessor, and the runner writes to trials it
+    holds no ``Trial`` object for (records from workers, attempts, orphans), so this is the one
+    place that reads the private attribute."""
+    return study._storage
+
+
 def recover_orphans(study: Any) -> list[int]:
     """Fail trials left RUNNING by a dead driver and enqueue their parameters again.
 
@@ -118,7 +125,7 @@ def recover_orphans(study: Any) -> list[int]:
     """
     from optuna.trial import TrialState
 
-    storage = study._storage
+    storage = storage_of(study)
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         storage.set_trial_user_attr(trial._trial_id, ATTR_ORPHANED, True)

@@ -46,6 +46,7 @@ class SearchLoop:
         display: Any,
     ) -> None:
         self.study = study
+        self.storage = inputs.storage_of(study)
         self.client = client
         self.blob = objective_blob
         self.n_trials = n_trials
@@ -129,7 +130,7 @@ class SearchLoop:
             and (self.deadline is None or time.monotonic() < self.deadline)
         ):
             trial = self.study.ask()
-            self.log.add(self.study._storage.get_trial(trial._trial_id))
+            self.log.add(self.storage.get_trial(trial._trial_id))
             self.inflight[trial.number] = Attempt(
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
             )
@@ -164,13 +165,13 @@ class SearchLoop:
         finally:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()
-            flush_storage(self.study._storage)
+            flush_storage(self.storage)
             self.log.close(self.topic)
             self.futures.clear()  # releases the tasks' results on the cluster
 
     def _report(self) -> None:
         """Make every write durable, then show progress (see :mod:`.storage`)."""
-        flush_storage(self.study._storage)
+        flush_storage(self.storage)
         self._reported_at = time.monotonic()
         self._show()
 
@@ -243,12 +244,12 @@ class SearchLoop:
             if kind == "prune":
                 self._answer_prune(attempt, msg)
             else:
-                records.apply_write(self.study._storage, attempt.trial_id, msg)
+                records.apply_write(self.storage, attempt.trial_id, msg)
         except Exception as error:  # a write racing the trial's end must not stop the search
             logger.debug("ignored %s message for trial %s: %s", kind, attempt.number, error)
 
     def _answer_prune(self, attempt: Attempt, msg: dict[str, Any]) -> None:
-        storage = self.study._storage
+        storage = self.storage
         records.add_intermediate(storage, attempt.trial_id, msg["intermediate"])
         decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
         flush_storage(storage)  # an answer is a report: what it was decided on is durable first
@@ -318,7 +319,7 @@ class SearchLoop:
         """Apply the worker's authoritative record, then tell the study."""
         import cloudpickle
 
-        records.apply_record(self.study._storage, attempt.trial_id, record)
+        records.apply_record(self.storage, attempt.trial_id, record)
         if "start" in record and "end" in record:
             self._longest = max(self._longest, record["end"] - record["start"])
         self._tell(attempt, record["state"], record["values"], record["error"])
@@ -330,7 +331,7 @@ class SearchLoop:
     def _tell(self, attempt: Attempt, state: str, values: Any = None, error: str | None = None):
         from optuna.trial import TrialState
 
-        storage = self.study._storage
+        storage = self.storage
         tries = max(attempt.starts, attempt.submits)
         if tries > 1:  # each attribute is a storage write; keep the common case at none
             storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, tries)
