@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from clusterkit import siteconfig
 from clusterkit.errors import ProfileError, ProfileNotFound, shorten
 from clusterkit.errors import cut as cut_text
 from clusterkit.schema import NAME_PATTERN, ProfileCommon
@@ -325,6 +326,7 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
             hint=f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(known)}",
         )
     model = profile_model(backend)
+    located.filled = siteconfig.fill(data, backend)
     try:
         profile = model.model_validate(data)
     except ValidationError as error:
@@ -337,6 +339,8 @@ def validate(located: Located, name: str, source: str) -> ProfileCommon:
         loc = _clean_loc(tuple(first["loc"]), data)
         where_file, where_line = _line_for(located, loc)
         message, hint = _friendly(first, model, loc)
+        if loc and loc[0] in located.filled:  # the value came from the site's Dask config
+            message = f"{message} (from Dask config {located.filled[loc[0]]})"
         raise ProfileError(
             message, file=where_file or source, line=where_line, field=dotted(loc), hint=hint
         ) from None
@@ -360,10 +364,15 @@ def load_profile(ref: str | os.PathLike[str] | ProfileCommon | None = None) -> P
         return ref
     if ref is None:
         ref = os.environ.get("CLUSTERKIT_PROFILE") or "local"
+    return load_located(ref)[0]
+
+
+def load_located(ref: str | os.PathLike[str]) -> tuple[ProfileCommon, Located]:
+    """The profile and where each of its settings was written (``profiles render --explain``)."""
     path = find(ref)
     located = _resolve_extends(path)
     _interpolate(located)
-    return validate(located, path.stem, display(path))
+    return validate(located, path.stem, display(path)), located
 
 
 def resolved_data(ref: str | os.PathLike[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ and merge keys are errors, and every error names file, line and field.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class Located:
 
     data: dict[str, Any]
     lines: dict[Path_, tuple[str, int]]  # key path -> (file, line)
+    filled: dict[str, str] = field(default_factory=dict)  # field -> Dask config key it came from
 
 
 def _read_text(path: Path, shown: str) -> str:

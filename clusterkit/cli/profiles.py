@@ -129,10 +129,21 @@ def render(
         "-f",
         help="native (what the backend runs), helm-values or tfvars (kubernetes profiles).",
     ),
+    explain: bool = typer.Option(
+        False,
+        "--explain",
+        help="Each setting with its value and source: profile file:line, Dask config key "
+        "(SLURM/PBS options the profile leaves unset), default or derived.",
+    ),
 ) -> None:
     """What the backend would run: job script, commands per host, manifest."""
     from clusterkit.errors import BadInput
 
+    if explain:
+        from clusterkit import console, siteconfig
+
+        console.table(None, ["setting", "value", "source"], siteconfig.explain(name))
+        return
     if format_ not in RENDER_FORMATS:
         raise BadInput(f"unknown format {format_!r}", hint=f"one of: {', '.join(RENDER_FORMATS)}")
     if format_ == "native":
