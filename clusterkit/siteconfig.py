@@ -35,10 +35,14 @@ SECTIONS = {"slurm": "jobqueue.slurm", "pbs": "jobqueue.pbs"}
 
 @cache
 def _packaged_defaults(section: str) -> dict[str, Any]:
-    import dask_jobqueue
+    import importlib.util
+
     import yaml
 
-    data = yaml.safe_load((Path(dask_jobqueue.__file__).parent / "jobqueue.yaml").read_text())
+    spec = importlib.util.find_spec("dask_jobqueue")  # its file, without importing distributed
+    if spec is None or spec.origin is None:
+        return {}
+    data = yaml.safe_load((Path(spec.origin).parent / "jobqueue.yaml").read_text())
     for part in section.split("."):
         data = data.get(part) or {}
     return dict(data)
