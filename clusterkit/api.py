@@ -78,6 +78,7 @@ def up(
                 )
             reap.reap_held(existing)  # a dead cluster of this name: reap what it left first
         try:
+            state.check_space(state.cluster_dir(name))
             waiting = waiting or contextlib.nullcontext()
             if Capability.DETACHED in backend.CAPABILITIES:
                 with waiting:

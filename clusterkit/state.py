@@ -63,6 +63,24 @@ def writable(path: Path) -> Iterator[None]:
         ) from None
 
 
+#: Bytes a cluster's directory must take before anything starts (record, logs, certificates).
+SPACE_PROBE = 64 * 1024
+
+
+def check_space(directory: Path) -> None:
+    """Write and sync a probe file: a full or read-only state disk fails here, in one line,
+    before any process starts (a supervisor could not even log why it stopped)."""
+    probe = directory / ".space-probe"
+    with writable(directory):
+        try:
+            with open(probe, "wb") as handle:
+                handle.write(b"\0" * SPACE_PROBE)
+                handle.flush()
+                os.fsync(handle.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
+
+
 def clusters_dir() -> Path:
     return state_dir() / "clusters"
 

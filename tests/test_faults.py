@@ -5,9 +5,11 @@ Each gives a clear error or works, and leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -49,6 +51,32 @@ def test_read_only_state_dir_is_one_clear_error_and_starts_nothing(tmp_path: Pat
         assert listed.returncode == 0, listed.stderr
     finally:
         subprocess.run(["umount", str(readonly)], check=True)
+
+
+def test_full_state_disk_is_one_clear_error_at_once_and_starts_nothing(tmp_path: Path) -> None:
+    full = tmp_path / "full-state"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full)],
+                             capture_output=True, text=True)
+    assert mounted.returncode == 0, f"cannot mount a small tmpfs here: {mounted.stderr}"
+    try:
+        # fill the disk to the last byte
+        with open(full / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        env = {**os.environ, "CLUSTERKIT_STATE_DIR": str(full)}
+        began = time.monotonic()
+        done = subprocess.run([*CLI, "up", str(small(tmp_path, "full"))], capture_output=True,
+                              text=True, timeout=120, env=env)
+        took = time.monotonic() - began
+        assert done.returncode == 1, done
+        assert done.stderr.startswith("error: state directory "), done.stderr
+        assert "No space left on device" in done.stderr and "Traceback" not in done.stderr
+        assert took < 30, f"a full disk took {took:.0f}s to report (a supervisor was waited on?)"
+        listed = subprocess.run([*CLI, "ls"], capture_output=True, text=True, timeout=60, env=env)
+        assert listed.returncode == 0, listed.stderr
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
 
 
 def test_ten_parallel_ups_of_different_names(tmp_path: Path) -> None:

@@ -75,16 +75,19 @@ def supervise(
             _start_fresh(name, directory, write_fd)
     finally:
         os.close(write_fd)
+    limit = profile.start_timeout + SUPERVISOR_GRACE
+    began = time.monotonic()
     try:
         with waiting:
-            pid, reply = _read_reply(read_fd, profile.start_timeout + SUPERVISOR_GRACE)
+            pid, reply = _read_reply(read_fd, limit)
     finally:
         os.close(read_fd)
     if reply is not None and reply.get("ok"):
         return ClusterRecord(**reply["record"])
     if pid is not None:
         kill_group(pid, grace=5.0)
-    raise _start_failure(reply, directory, profile.start_timeout + SUPERVISOR_GRACE)
+    timed_out = time.monotonic() - began >= limit
+    raise _start_failure(reply, directory, limit if timed_out else None)
 
 
 def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: int) -> None:
@@ -165,14 +168,20 @@ def _read_reply(fd: int, timeout: float) -> tuple[int | None, dict[str, Any] | N
     return pid, None
 
 
-def _start_failure(reply: dict[str, Any] | None, directory: Path, waited: float) -> Exception:
+def _start_failure(
+    reply: dict[str, Any] | None, directory: Path, waited: float | None
+) -> Exception:
+    """The supervisor's own account of its failure; ``waited``: the limit it ran past, or None
+    when it exited without one."""
     from clusterkit import errors
     from clusterkit.lifecycle.supervisor import log_tail
 
     evidence = (reply or {}).get("evidence") or log_tail(directory)
     if reply is None:
         return ClusterStartError(
-            f"exited or gave no answer within {waited:.0f}s",
+            "exited before the cluster was ready"
+            if waited is None
+            else f"gave no answer within {waited:.0f}s",
             component="supervisor",
             evidence=evidence,
         )
