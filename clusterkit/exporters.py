@@ -57,14 +57,19 @@ def exportable(profile: KubernetesProfile) -> tuple[KubernetesProfile, list[str]
     The chart runs one worker group; each extra group is named in the notes, so a caller can
     say so instead of refusing the whole profile.
     """
-    if not profile.worker_groups:
-        return profile, []
     notes = [
         f"worker group '{group.name}' ({group.workers} workers) is not exported: the chart runs "
         "one worker group; deploy it as a release of its own"
         for group in profile.worker_groups
     ]
-    part = profile.model_copy(update={"worker_groups": []})
+    if profile.cuda:
+        notes.append(
+            f"cuda options ({', '.join(profile.cuda)}) are not exported: the chart's workers "
+            "take no dask-cuda options"
+        )
+    if not notes:
+        return profile, []
+    part = profile.model_copy(update={"worker_groups": [], "cuda": {}})
     part.named(profile.name, profile.source)
     return part, notes
 

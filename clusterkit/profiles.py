@@ -252,6 +252,8 @@ def _friendly(
     if kind == "extra_forbidden":
         fields = _walk_model_fields(model, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]) if loc else "", fields, n=1)
+        if len(loc) == 1 and "cuda" in fields and _is_cuda_option(str(loc[0]), model):
+            return "unknown field", f"a dask-cuda option: write it under `cuda:` ({loc[0]}: ...)"
         known = ", ".join(sorted(fields))
         if len(known) > 120:
             known = f"{cut_text(known, 120)} (see `clusterkit profiles schema`)"
@@ -296,6 +298,14 @@ def _friendly(
         return str(error["msg"]).lower(), None
     message = str(error["msg"])
     return message[0].lower() + message[1:], None
+
+
+def _is_cuda_option(name: str, model: Any) -> bool:
+    from clusterkit.schema import cuda
+
+    local = getattr(model, "CUDA_CLUSTER_KEYWORDS", False)
+    known = cuda.cluster_options() if local else cuda.worker_parameters()
+    return bool(known) and name in known  # type: ignore[operator]
 
 
 def validate(located: Located, name: str, source: str) -> ProfileCommon:

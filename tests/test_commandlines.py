@@ -279,6 +279,8 @@ LOCAL_CASES = [
     ("local-cuda", UCX_FAST),
     ("local-cuda", {"devices": [0, 1], "rmm_pool_size": "1GiB", "device_memory_limit": 0.5}),
     ("local-cuda", {"protocol": "tls", "rmm_async": True, "enable_cudf_spill": True}),
+    ("local-cuda", {"cuda": {"rmm_maximum_pool_size": "40GB", "rmm_release_threshold": "30GB",
+                             "pre_import": ["json"], "log_spilling": True}}),
 ]
 
 
@@ -387,6 +389,32 @@ def test_kubernetes_manifest_commands_parse(case: tuple[str, int], tmp_path: Pat
     for program, ctx in parsed:
         if program != "dask scheduler" and protocol == "tls":
             assert ctx.params["tls_ca_file"] and ctx.params["tls_key"]
+
+
+CUDA_OPTIONS = {"rmm_maximum_pool_size": "40GB", "rmm_release_threshold": "30GB",
+                "pre_import": ["json", "math"], "rmm_track_allocations": True,
+                "enable_cudf_spill": False, "multiprocessing_method": "spawn"}
+
+
+@pytest.mark.parametrize("backend", ["slurm", "pbs", "kubernetes"])
+def test_cuda_options_reach_dask_cudas_own_parser(backend: str, tmp_path: Path) -> None:
+    data: dict[str, Any] = {"backend": backend, "worker": {"gpus": 1}, "cuda": CUDA_OPTIONS}
+    if backend != "kubernetes":
+        data.update(JOBQUEUE_BASE)
+    text = rendered(tmp_path, f"{backend}-cuda", data)
+    if backend == "kubernetes":
+        parsed = [p for p in map(parse_container, containers(yaml.safe_load_all(text))) if p]
+        (params,) = [ctx.params for program, ctx in parsed if program == "dask cuda worker"]
+    else:
+        module, ctx = parse_python(worker_line(text))
+        assert module == "dask_cuda.cli"
+        params = ctx.params
+    assert params["rmm_maximum_pool_size"] == "40GB"
+    assert params["rmm_release_threshold"] == "30GB"
+    assert params["pre_import"] == "json,math"
+    assert params["rmm_track_allocations"] is True
+    assert params["enable_cudf_spill"] is False
+    assert params["multiprocessing_method"] == "spawn"
 
 
 CHART_CASES = [

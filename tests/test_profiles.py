@@ -247,3 +247,33 @@ def test_help_imports_no_heavy_library() -> None:
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
     assert run_cli("--help").returncode == 0
     assert run_cli("--version").stdout.startswith("clusterkit ")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("backend: local-cuda\ncuda:\n  rmm_maximum_pool_sise: 4GB\n",
+         "p.yaml:2: cuda: rmm_maximum_pool_sise: not an option of LocalCUDACluster in this "
+         "dask-cuda (did you mean 'rmm_maximum_pool_size'?)"),
+        ("backend: local-cuda\ncuda: {n_workers: 3}\n",
+         "p.yaml:2: cuda: n_workers is set by clusterkit: use the profile's workers"),
+        ("backend: local-cuda\ncuda: {rmm_pool_size: 1GB}\n",
+         "p.yaml:2: cuda: rmm_pool_size is set by clusterkit: use the profile's rmm_pool_size"),
+        ("backend: slurm\nworker: {gpus: 1}\ncuda: {log_spilling: true}\n",
+         "p.yaml:3: cuda: log_spilling: not an option of `dask cuda worker` in this dask-cuda"),
+        ("backend: slurm\nworker: {gpus: 1}\ncuda: {multiprocessing_method: thread}\n",
+         "p.yaml:3: cuda: multiprocessing_method: 'thread' is not one of 'spawn', 'fork', "
+         "'forkserver'."),
+        ("backend: local\ncuda: {pre_import: [json]}\n",
+         "p.yaml:1: cuda options need GPU workers (worker.gpus: 1)"),
+        ("backend: local-cuda\nrmm_maximum_pool_size: 4GB\n",
+         "p.yaml:2: rmm_maximum_pool_size: unknown field (a dask-cuda option: write it under "
+         "`cuda:` (rmm_maximum_pool_size: ...))"),
+    ],
+)
+def test_cuda_options_are_checked_against_the_installed_dask_cuda(
+    tmp_path: Path, monkeypatch, text: str, expected: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.yaml").write_text(text)
+    assert message(Path("p.yaml")) == expected

@@ -172,6 +172,7 @@ class LocalCUDABackend(Backend):
         )
         if profile.device_memory_limit is not None:
             kwargs["device_memory_limit"] = profile.device_memory_limit
+        kwargs.update(profile.cuda)  # checked against LocalCUDACluster's signature on load
         return {k: v for k, v in kwargs.items() if v is not None or k == "dashboard_address"}
 
     def render(self, profile: LocalCUDAProfile, security: ClusterSecurity) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,7 @@ class LocalCUDAProfile(ClusterProfile):
     """One worker per GPU on this machine (dask_cuda.LocalCUDACluster)."""
 
     backend: Literal["local-cuda"]
+    CUDA_CLUSTER_KEYWORDS: ClassVar[bool] = True
     workers: int | None = Field(  # type: ignore[assignment]
         None, ge=1, le=MAX_WORKERS, description="workers; unset = one per visible GPU"
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
+    field_validator,
     model_validator,
 )
 
@@ -129,6 +130,9 @@ class ProfileCommon(Strict):
 class ClusterProfile(ProfileCommon):
     """Fields of every backend that starts a cluster."""
 
+    #: ``cuda`` options are LocalCUDACluster keywords (else `dask cuda worker` options).
+    CUDA_CLUSTER_KEYWORDS: ClassVar[bool] = False
+
     workers: int = Field(2, ge=0, le=MAX_WORKERS, description="workers to start")
     worker: WorkerSpec = WorkerSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
@@ -139,6 +143,11 @@ class ClusterProfile(ProfileCommon):
     )
     preload: list[str] = Field(default_factory=list, description="modules every worker preloads")
     ucx: UCXSpec = UCXSpec()
+    cuda: dict[str, Any] = Field(
+        default_factory=dict,
+        description="more dask-cuda options by name (LocalCUDACluster keywords for local-cuda, "
+        "`dask cuda worker` options for GPU workers elsewhere), checked against dask-cuda",
+    )
 
     @property
     def min_workers(self) -> int:
@@ -174,6 +183,21 @@ class ClusterProfile(ProfileCommon):
         if self.gpus_per_worker:
             resources.setdefault("GPU", float(self.gpus_per_worker))
         return resources
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda_options_known(cls, options: dict[str, Any]) -> dict[str, Any]:
+        if options:
+            from clusterkit.schema import cuda
+
+            cuda.check(options, local=cls.CUDA_CLUSTER_KEYWORDS)
+        return options
+
+    @model_validator(mode="after")
+    def _cuda_options_need_gpus(self) -> ClusterProfile:
+        if self.cuda and not self.gpus_per_worker:
+            raise ValueError("cuda options need GPU workers (worker.gpus: 1)")
+        return self
 
     @model_validator(mode="after")
     def _adapt_within_ceiling(self) -> ClusterProfile:

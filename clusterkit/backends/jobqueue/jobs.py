@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends import options
 from clusterkit.backends.options import LOOPBACK
+from clusterkit.schema import cuda
 from clusterkit.units import walltime_seconds
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ def _worker_args(profile: JobQueueProfile, security: ClusterSecurity) -> list[st
         args += ["--preload", module]
     gpus = profile.worker.gpus > 0
     args += options.ucx_cli_flags(profile)
+    if gpus:
+        args += cuda.worker_flags(profile.cuda)
     if not gpus:  # dask-cuda's worker has no lifetime flags: it reads them from the environment
         lifetime, stagger = lifetime_plan(profile)
         args += ["--lifetime", _seconds(lifetime), "--lifetime-stagger", _seconds(stagger)]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import ProfileError
+from clusterkit.schema import cuda
 
 if TYPE_CHECKING:
     from clusterkit.schema import K8sResources, KubernetesProfile, WorkerGroup, WorkerSpec
@@ -103,6 +104,8 @@ def worker_args(
         args += ["--protocol", profile.protocol]
     for module in profile.preload:
         args += ["--preload", module]
+    if spec.gpus:
+        args += cuda.worker_flags(profile.cuda)
     return args + _tls_args(security)
 
 

@@ -163,6 +163,7 @@ def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) ->
         opts["n_workers"] = 1
         resources["GPU"] = 1.0
         opts.update(options.ucx_flags(profile))
+        opts.update(profile.cuda)  # CUDAWorker's keywords: the `dask cuda worker` options
     if resources:
         opts["resources"] = resources
     if profile.preload:
