@@ -83,7 +83,7 @@ def main() -> None:
             workdir=Path(__file__).parent,  # trials import digits_model from here
         )
     print(best_summary(study))
-    print(f"plots and trials.csv: {out}/  ({time.monotonic() - started:.0f} s)")
+    print(f"report.html, PNG plots and trials.csv: {out}/  ({time.monotonic() - started:.0f} s)")
     print(f"resume or extend: --study-name {args.study_name} --trials N")
 
 
