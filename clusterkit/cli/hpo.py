@@ -112,7 +112,7 @@ def hpo(
     finally:
         client.close()
     console.message(best_summary(study))
-    console.message(f"results: {folder}/ (trials.csv, *.html, *.png)")
+    console.message(f"results: {folder}/ (report.html, trials.csv, *.png)")
 
 
 def register(app: typer.Typer) -> None:
