@@ -184,7 +184,8 @@ def test_lifetime_defaults_stay_below_walltime() -> None:
     [
         ({"processes": 4, "cores": 2}, "processes (4) is above cores (2)"),
         ({"worker": {"gpus": 2}}, "one worker per GPU"),
-        ({"worker": {"threads": 4}}, "worker.threads is derived"),
+        ({"worker": {"threads": 4}}, "worker.threads (4) is above the cores each worker has"),
+        ({"worker": {"memory": "2GiB"}}, "worker.memory is derived"),
         ({"walltime": "00:10:00", "lifetime": "10m"}, "must be below the walltime"),
         ({"walltime": "10:00"}, "expected a walltime"),
     ],
