@@ -329,7 +329,8 @@ def adapt(name: str, minimum: int | None = None, maximum: int | None = None) -> 
 def logs(
     name: str, *, lines: int = 200, component: str | None = None, since: str | None = None
 ) -> dict[str, list[str]]:
-    """Recent log lines per component: ``supervisor``, ``scheduler``, ``worker ADDRESS``.
+    """Recent log lines per component: ``supervisor``, ``scheduler``, ``worker ADDRESS``, and
+    the backend's own (``job ID``: a batch job's log file, with what ran before its worker).
 
     ``component`` keeps one (``worker`` matches every worker; ``worker NAME`` one by name or
     address); ``since`` (``10m``) keeps lines written that recently.
@@ -341,11 +342,13 @@ def logs(
     result: dict[str, list[str]] = {}
     if component in (None, "supervisor"):
         result["supervisor"] = log_tail(state.cluster_dir(name), lines)
-    if component != "supervisor":
+    result.update(get_backend(record.backend).component_logs(record, component, lines))
+    if component is None or (component != "supervisor" and not result):
         with connect(record) as client:
             result.update(monitor.cluster_logs(client, lines, component))
     if component is not None and not result:
         raise BadInput(
-            f"no log component {component!r}", hint="supervisor, scheduler, worker [NAME]"
+            f"no log component {component!r}",
+            hint="supervisor, scheduler, worker [NAME], job ID (batch backends)",
         )
     return {key: monitor.since_filter(value, after) for key, value in result.items() if value}

@@ -248,3 +248,30 @@ def test_bundled_pbs_gpu_profile_renders() -> None:
     script = api.render("pbs-gpu")
     assert "#PBS -l select=1:ncpus=16:mem=128GB:ngpus=2" in script
     assert "-m dask_cuda.cli tcp://<scheduler-address>:8786" in script
+
+
+def test_logs_of_a_job_find_its_file_in_the_log_directory(tmp_path: Path) -> None:
+    """Without a PBS server here, `qstat -f` cannot name the file: PBS's own naming in the
+    profile's log directory (`{job_name}.e{id}`) finds it, and an unknown job is one line."""
+    from clusterkit.errors import BadInput
+    from clusterkit.state import ClusterRecord
+
+    (tmp_path / "ck-pb-1a2b.e4242").write_text("module: command not found\nStart worker\n")
+    record = ClusterRecord(
+        name="pb",
+        backend="pbs",
+        profile="pb",
+        profile_source=None,
+        digest="",
+        address="tcp://127.0.0.1:1",
+        dashboard=None,
+        pid=None,
+        security={},
+        min_workers=0,
+        extra={"job_name": "ck-pb-1a2b", "log_directory": str(tmp_path)},
+    )
+    logs = PBSBackend().component_logs(record, "job 4242", lines=50)
+    assert logs == {"job 4242": ["module: command not found", "Start worker"]}
+    with pytest.raises(BadInput, match="no job '77' of cluster 'pb'"):
+        PBSBackend().component_logs(record, "job 77", lines=50)
+    assert PBSBackend().component_logs(record, "scheduler", lines=50) == {}

@@ -241,6 +241,32 @@ def test_status_rows_jobs_and_workers_in_their_own_jobs(slurm: S.Slurm, tmp_path
     assert slurm.queue() == [], "down left jobs in the queue"
 
 
+def test_logs_of_a_job_show_its_own_log_file(slurm: S.Slurm, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from clusterkit.errors import BadInput
+
+    path = profile_file(tmp_path, "joblog", prologue=["echo prologue ran for $SLURM_JOB_ID >&2"])
+    record = api.up(path)
+    try:
+        (job,) = [row["name"] for row in api.status(record.name)["rows"] if row["kind"] == "job"]
+        logs = api.logs(record.name, component=f"job {job}")
+        assert list(logs) == [f"job {job}"]
+        text = "\n".join(logs[f"job {job}"])
+        assert f"prologue ran for {job}" in text  # before the worker existed
+        assert "Starting Worker" in text or "Start worker" in text, text
+        assert f"job {job}" in api.logs(record.name)  # every component, the jobs included
+        with pytest.raises(BadInput, match=f"its jobs in the queue: {job}"):
+            api.logs(record.name, component="job 999999")
+        cli = [sys.executable, "-m", "clusterkit", "logs", record.name, "-c", f"job {job}"]
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"==> job {job} <==") and "prologue ran" in done.stdout
+    finally:
+        api.down(record.name)
+
+
 def test_rejected_job_script_gives_sbatch_stderr(slurm: S.Slurm, tmp_path: Path) -> None:
     with pytest.raises(ClusterStartError) as caught:
         api.up(profile_file(tmp_path, "badpart", queue="no-such-partition"))

@@ -152,6 +152,13 @@ class Backend:
         """Clusters this backend can see beyond clusterkit's records (``ls --kubernetes``)."""
         raise BadInput(f"backend '{self.NAME}' has no resources to list")
 
+    def component_logs(
+        self, record: ClusterRecord, component: str | None, lines: int
+    ) -> dict[str, list[str]]:
+        """Logs of the backend's own parts (batch jobs: ``job ID``) for ``logs``; all of them
+        when ``component`` is None, none when it names no part of this backend."""
+        return {}
+
 
 # ---------------------------------------------------------------------------- registry
 

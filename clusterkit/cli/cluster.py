@@ -192,7 +192,11 @@ def logs(
     lines: int = typer.Option(200, "--lines", "-n", help="Lines per component."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
     component: str = typer.Option(
-        None, "--component", "-c", help="supervisor, scheduler, worker, or 'worker NAME'."
+        None,
+        "--component",
+        "-c",
+        help="supervisor, scheduler, worker, 'worker NAME', or 'job ID' (SLURM/PBS: the job's "
+        "own log, with what ran before its worker).",
     ),
     since: str = typer.Option(None, "--since", help="Only lines this recent, e.g. 10m."),
 ) -> None:

@@ -23,7 +23,7 @@ from clusterkit.backends.jobqueue.jobs import (
     job_kwargs,
     scheduler_options,
 )
-from clusterkit.errors import ClusterkitError, ClusterStartError
+from clusterkit.errors import BadInput, ClusterkitError, ClusterStartError
 from clusterkit.schema import PBSProfile, SLURMProfile
 from clusterkit.units import walltime_seconds
 
@@ -84,7 +84,13 @@ class JobQueueBackend(Backend):
 
     def log_guess(self, profile: JobQueueProfile, job_name: str, job_id: str) -> str | None:
         """Where a job's stderr goes, once the queue forgot the job."""
-        return None
+        if not profile.log_directory:
+            return None
+        return self.log_in(os.path.expanduser(profile.log_directory), job_name, job_id)
+
+    def log_in(self, directory: str, job_name: str, job_id: str) -> str:
+        """The stderr file of job ``job_id`` in the profile's log directory."""
+        raise NotImplementedError
 
     def render(self, profile: JobQueueProfile, security: ClusterSecurity) -> str:
         """The job script each job runs, with the scheduler address left as a placeholder."""
@@ -130,7 +136,46 @@ class JobQueueBackend(Backend):
         return cluster
 
     def record_extra(self, cluster: Any, profile: JobQueueProfile) -> dict[str, Any]:
-        return {"job_name": cluster.job_name}
+        directory = profile.log_directory
+        return {
+            "job_name": cluster.job_name,
+            "log_directory": os.path.expanduser(directory) if directory else None,
+        }
+
+    def component_logs(
+        self, record: ClusterRecord, component: str | None, lines: int
+    ) -> dict[str, list[str]]:
+        """``job ID``: the tail of a batch job's own log (its stderr, where the prologue, the
+        shell and the worker write), for jobs still in the queue or whose log is on disk."""
+        if component is not None and component.split()[0] != "job":
+            return {}
+        extra = record.extra or {}
+        job_name = extra.get("job_name")
+        if not job_name:
+            return {}
+        ids = self.QUEUE.named(job_name)
+        wanted = component.split()[1:] if component else []
+        if wanted:
+            path = self._log_path(extra, wanted[0])
+            if wanted[0] not in ids and not (path and os.path.exists(path)):
+                raise BadInput(
+                    f"no job {wanted[0]!r} of cluster '{record.name}'",
+                    hint=f"its jobs in the queue: {', '.join(ids) or 'none'}",
+                )
+            ids = wanted[:1]
+        found = {}
+        for job_id in ids:
+            path = self._log_path(extra, job_id)
+            if path and os.path.exists(path):
+                found[f"job {job_id}"] = tail(path, lines)
+            else:
+                found[f"job {job_id}"] = [f"(no log file yet at {path or 'an unknown path'})"]
+        return found
+
+    def _log_path(self, extra: dict[str, Any], job_id: str) -> str | None:
+        directory = extra.get("log_directory")
+        guess = self.log_in(directory, extra["job_name"], job_id) if directory else None
+        return self.QUEUE.stderr_path(job_id) or guess
 
     def teardown(self, record: ClusterRecord) -> None:
         """Cancel every job carrying the cluster's job name (a dead supervisor's jobs)."""
@@ -231,11 +276,8 @@ class SLURMBackend(JobQueueBackend):
             return [f"--gpus-per-task={gpus}"]  # jobqueue's jobs are one task
         return [f"--gres=gpu:{gpus}"]
 
-    def log_guess(self, profile: JobQueueProfile, job_name: str, job_id: str) -> str | None:
-        if not profile.log_directory:  # "#SBATCH -e {dir}/{job_name}-%J.err"
-            return None
-        directory = os.path.expanduser(profile.log_directory)
-        return os.path.join(directory, f"{job_name}-{job_id}.err")
+    def log_in(self, directory: str, job_name: str, job_id: str) -> str:
+        return os.path.join(directory, f"{job_name}-{job_id}.err")  # "#SBATCH -e {dir}/...-%J.err"
 
 
 class PBSBackend(JobQueueBackend):
@@ -273,10 +315,7 @@ class PBSBackend(JobQueueBackend):
         kwargs["resource_spec"] = spec
         return kwargs
 
-    def log_guess(self, profile: JobQueueProfile, job_name: str, job_id: str) -> str | None:
-        if not profile.log_directory:
-            return None
-        directory = os.path.expanduser(profile.log_directory)
+    def log_in(self, directory: str, job_name: str, job_id: str) -> str:
         return os.path.join(directory, f"{job_name}.e{job_id}")  # PBS's default name
 
 

@@ -77,7 +77,10 @@ class SlurmQueue:
         if done is None or done.returncode != 0:
             return None
         match = re.search(r"\bStdErr=(\S+)", done.stdout)
-        return match.group(1) if match else None
+        if not match:
+            return None
+        name = re.search(r"\bJobName=(\S+)", done.stdout)
+        return expand_slurm_pattern(match.group(1), str(job_id), name.group(1) if name else "")
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
@@ -124,6 +127,15 @@ class PBSQueue:
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             _run(["qdel", *job_ids])
+
+
+def expand_slurm_pattern(pattern: str, job_id: str, job_name: str) -> str:
+    """A file name pattern as sbatch expands it for the batch step (``%j``, ``%J``, ``%A``:
+    the job id; ``%x``: the job name; ``%u``: the user; ``%%``: ``%``)."""
+    import getpass
+
+    values = {"j": job_id, "J": job_id, "A": job_id, "x": job_name, "u": getpass.getuser()}
+    return re.sub(r"%(%|[jJAxu])", lambda m: "%" if m[1] == "%" else values[m[1]], pattern)
 
 
 def parse_qstat_full(job_id: str, text: str) -> JobInfo:
