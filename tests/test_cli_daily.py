@@ -146,3 +146,23 @@ def test_completion_of_profile_and_cluster_names(daily: str) -> None:
 def test_doctor_table_keeps_brackets() -> None:
     done = ck("doctor", "slurm-gpu")
     assert "extra [jobqueue]" in done.stdout
+
+
+def test_render_honours_threads_and_every_dask_cuda_option(tmp_path: Path) -> None:
+    profile = tmp_path / "gpu.yaml"
+    profile.write_text(
+        "backend: slurm\ncores: 8\nmemory: 16GiB\nprocesses: 2\nworker: {gpus: 1, threads: 1}\n"
+        "cuda: {rmm_maximum_pool_size: 40GB, pre_import: [cudf, torch]}\n"
+    )
+    done = ck("profiles", "render", str(profile))
+    assert done.returncode == 0, done.stderr
+    worker = done.stdout.strip().splitlines()[-1]
+    assert worker.split().index("--nthreads") < len(worker.split()) - 1
+    assert worker.rsplit("--nthreads", 1)[1].split()[0] == "1"  # the last --nthreads wins
+    assert "--rmm-maximum-pool-size 40GB --pre-import cudf,torch" in worker
+    local = tmp_path / "lc.yaml"
+    local.write_text("backend: local-cuda\ncuda:\n  rmm_maximum_pool_sise: 40GB\n")
+    done = ck("profiles", "render", str(local))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "did you mean 'rmm_maximum_pool_size'?" in done.stderr
+    assert done.stderr.count("\n") == 1
