@@ -88,16 +88,23 @@ def up(
             spawn.preimport(backend)
             return spawn.supervise(profile, name, state.cluster_dir(name), waiting)
         except BaseException:
-            if state.read_record(name) is None:
+            leftover = state.read_record(name)
+            if leftover is None or leftover.starting:
                 state.remove_cluster(name)
             raise
 
 
 def _up_detached(profile: ProfileCommon, name: str) -> ClusterRecord:
-    """Start a cluster that lives in its own API server: record it, let go of the handle."""
-    from clusterkit.lifecycle.start import start_cluster
+    """Start a cluster that lives in its own API server: record it, let go of the handle.
 
-    started = start_cluster(profile, name=name, security_dir=state.cluster_dir(name))
+    A claim is recorded first, so that an `up` killed mid-start leaves a dead record that
+    `down` tears down, not resources no command knows of."""
+    from clusterkit.lifecycle.start import Claim, start_cluster
+
+    claim = Claim(profile, name)
+    started = start_cluster(
+        profile, name=name, security_dir=state.cluster_dir(name), on_created=claim.created
+    )
     try:
         record = started.record(pid=None)
         state.write_record(record)
@@ -120,9 +127,15 @@ def get_record(name: str) -> ClusterRecord:
         known = ", ".join(r.name for r in state.records() if state.is_live(r)) or "none"
         raise ClusterNotFound(f"no cluster named '{name}' is up", hint=f"up: {known}")
     if not state.is_live(record):
+        who = f"supervisor (pid {record.pid})" if record.pid else f"owner (pid {record.owner})"
         raise ClusterNotFound(
-            f"cluster '{name}' is dead: its supervisor (pid {record.pid}) is gone",
+            f"cluster '{name}' is dead: its {who} is gone",
             hint=f"`clusterkit down {name}` removes what is left of it",
+        )
+    if record.starting:
+        raise ClusterNotFound(
+            f"cluster '{name}' is still starting (pid {record.owner})",
+            hint=f"wait for it, or `clusterkit down {name}` to stop it",
         )
     return record
 
@@ -171,7 +184,12 @@ def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
     for record in state.records():
         if orphans and state.is_live(record):
             continue
-        info = _summary(record) if state.is_live(record) else {"state": DEAD}
+        if not state.is_live(record):
+            info: dict[str, Any] = {"state": DEAD}
+        elif record.starting:
+            info = {"state": f"starting (pid {record.owner})"}
+        else:
+            info = _summary(record)
         if record.owner is not None and info.get("state") == "up":
             info["state"] = f"up (embedded in pid {record.owner})"
         rows.append(

@@ -102,6 +102,13 @@ def get_client(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) 
 
         record = state.read_record(name)
         if record is not None and state.is_live(record):
+            if record.starting:
+                from clusterkit.errors import ClusterNotFound
+
+                raise ClusterNotFound(
+                    f"cluster '{name}' is still starting (pid {record.owner})",
+                    hint="call get_client again once its `clusterkit up` has finished",
+                )
             return connect(record, timeout=timeout)
 
     _cluster, client = _embedded(profile, timeout)
@@ -120,7 +127,7 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
     from distributed import Client
 
     from clusterkit.backends.base import Capability, backend_for
-    from clusterkit.lifecycle.start import start_cluster
+    from clusterkit.lifecycle.start import Claim, start_cluster
     from clusterkit.profiles import load_profile
     from clusterkit.security import prepare
 
@@ -132,19 +139,27 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
     if profile.protocol == "tls":
         directory = Path(tempfile.mkdtemp(prefix="clusterkit-tls-"))
     name = f"{profile.name}-{os.getpid()}"
+    remote = Capability.REMOTE in backend.CAPABILITIES
+    claim = Claim(profile, name) if remote else None  # found by `ls` if this process dies
     try:
-        started = start_cluster(profile, name=name, security_dir=directory)
+        started = start_cluster(
+            profile, name=name, security_dir=directory, on_created=claim and claim.created
+        )
+        try:
+            client = Client(
+                started.cluster, security=started.security.distributed(), timeout=timeout
+            )
+        except BaseException:
+            started.close()
+            raise
     except BaseException:
         if directory is not None:
             _remove_tree(directory)
-        raise
-    try:
-        client = Client(started.cluster, security=started.security.distributed(), timeout=timeout)
-    except BaseException:
-        started.close()
+        if claim is not None:
+            claim.withdraw()
         raise
     _own(client, started, directory)
-    if Capability.REMOTE in backend.CAPABILITIES:
+    if remote:
         _record_embedded(client, started)
         logger.warning(
             "started an embedded %s cluster '%s' (%d workers); it ends with this process. "

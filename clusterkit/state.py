@@ -132,6 +132,11 @@ class ClusterRecord:
     def age(self) -> float:
         return time.time() - self.started_at
 
+    @property
+    def starting(self) -> bool:
+        """A claim written before the cluster had an address (``lifecycle.start.Claim``)."""
+        return not self.address
+
 
 def write_record(record: ClusterRecord) -> Path:
     """Write atomically (temp file + rename), mode 0600."""

@@ -8,11 +8,13 @@ the same on every path.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterkit import state
 from clusterkit.backends.base import Backend, backend_for
 from clusterkit.errors import ClusterStartError
 from clusterkit.security import ClusterSecurity, prepare
@@ -95,6 +97,42 @@ class Started:
     def release(self) -> None:
         """Let go of a DETACHED cluster that keeps running without us."""
         self.backend.release(self.cluster, self.profile)
+
+
+class Claim:
+    """The record of a cluster this process starts outside itself (Kubernetes, or an embedded
+    cluster on other machines), written before anything is created there and owned by this
+    process. If the process dies mid-start, ``ls`` lists the cluster as dead and ``down`` tears
+    down what was made, by the name it was made under."""
+
+    def __init__(self, profile: ProfileCommon, name: str) -> None:
+        self.profile = profile
+        self.record = ClusterRecord(
+            name=name,
+            backend=profile.backend_name,
+            profile=profile.name,
+            profile_source=profile.source,
+            digest=profile.digest(),
+            address="",
+            dashboard=None,
+            pid=None,
+            security={},
+            min_workers=profile.min_workers,
+            owner=os.getpid(),
+        )
+        state.write_record(self.record)
+
+    def created(self, cluster: Any) -> None:
+        """Add the backend's identity of the cluster (job name, tags) as soon as it exists."""
+        backend = backend_for(self.profile)
+        self.record.extra = backend.record_extra(cluster, self.profile)
+        state.write_record(self.record)
+
+    def withdraw(self) -> None:
+        """After a start that failed (and tore down what it made): drop the claim."""
+        current = state.read_record(self.record.name)
+        if current is None or current.starting:
+            state.remove_cluster(self.record.name)
 
 
 def wait_for_workers(cluster: Any, minimum: int, deadline: float) -> None:
