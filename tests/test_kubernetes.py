@@ -313,3 +313,50 @@ def test_project_directory_is_synced_to_pods(clean: Harness, tmp_path: Path) -> 
         assert example_project_on(client, tmp_path, copy=True) == {"synced"}
     finally:
         client.close()
+
+
+EMBEDDED_DRIVER = """
+import sys, time
+from clusterkit import get_client
+get_client(sys.argv[1], timeout=60)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("path_kind", ["up", "embedded"])
+@pytest.mark.timeout(300)
+def test_process_killed_mid_start_leaves_a_dead_record_that_down_removes(
+    clean: Harness, tmp_path: Path, path_kind: str
+) -> None:
+    """SIGKILL of `up` (or of a notebook's embedded get_client) once its DaskCluster exists:
+    the claim written before creation makes it a dead cluster in `ls`, and `down` deletes it."""
+    import json
+
+    path = write_profile(tmp_path, "k8s-killed", workers=1)
+    cli = [sys.executable, "-m", "clusterkit"]
+    if path_kind == "up":
+        command, name = [*cli, "up", str(path), "--name", "k8s-killed"], "k8s-killed"
+    else:
+        command, name = [sys.executable, "-c", EMBEDDED_DRIVER, str(path)], None
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not clean.objects("daskclusters") and time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            time.sleep(0.05)
+        [created] = clean.objects("daskclusters")
+        name = name or created["metadata"]["name"]
+    finally:
+        process.kill()
+        process.wait()
+        if process.stderr:
+            process.stderr.close()
+    listed = subprocess.run([*cli, "ls", "--orphans", "--json"], capture_output=True,
+                            text=True, timeout=60)
+    rows = {row["name"]: row["state"] for row in json.loads(listed.stdout)}
+    assert rows.get(name, "").startswith("dead"), rows
+    down = subprocess.run([*cli, "down", name], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert clean.objects("daskclusters") == []
+    assert json.loads(subprocess.run([*cli, "ls", "--json"], capture_output=True, text=True,
+                                     timeout=60).stdout) == []
