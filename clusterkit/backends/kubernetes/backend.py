@@ -141,12 +141,19 @@ def _where(record: ClusterRecord) -> tuple[str, str, str | None]:
 
 
 @contextlib.contextmanager
-def _handle(record: ClusterRecord) -> Any:
+def _handle(record: ClusterRecord, timeout: float = 30) -> Any:
     """A KubeCluster handle on a record's DaskCluster, closed (never deleting) afterwards."""
     from clusterkit.security import ClusterSecurity
 
     name, namespace, _ = _where(record)
-    cluster = _connect(name, namespace, ClusterSecurity.from_dict(record.security), 30)
+    try:
+        cluster = _connect(name, namespace, ClusterSecurity.from_dict(record.security), timeout)
+    except TimeoutError as error:
+        raise ClusterkitError(
+            f"cluster '{record.name}' does not answer: {error}",
+            hint=f"`clusterkit status {record.name}` shows its pods; "
+            f"`clusterkit down {record.name}` removes it",
+        ) from None
     try:
         yield cluster
     finally:
@@ -223,7 +230,7 @@ class KubernetesBackend(Backend):
 
         from clusterkit.security import ClusterSecurity
 
-        with _handle(record) as cluster:
+        with _handle(record, timeout) as cluster:
             address = cluster.scheduler_address
         security = ClusterSecurity.from_dict(record.security)
         return Client(

@@ -21,10 +21,19 @@ def _cluster_class() -> type:
     class SecureKubeCluster(KubeCluster):  # type: ignore[misc]
         """KubeCluster whose scheduler address and comms honour the cluster's security."""
 
-        def __init__(self, *args: Any, ck_security: ClusterSecurity, **kwargs: Any) -> None:
+        def __init__(
+            self, *args: Any, ck_security: ClusterSecurity, ck_timeout: float, **kwargs: Any
+        ) -> None:
             self._ck_security = ck_security
+            self._ck_timeout = ck_timeout
             self.security = ck_security.distributed()
-            super().__init__(*args, **kwargs)
+            try:
+                super().__init__(*args, **kwargs)
+            except BaseException:
+                runner = getattr(self, "_loop_runner", None)
+                if runner is not None:  # the loop thread __init__ started
+                    runner.stop()
+                raise
 
         def _connection_args(self) -> dict[str, Any]:
             if self.security is None:
@@ -37,9 +46,21 @@ def _cluster_class() -> type:
             return address if scheme == "tcp" else f"{scheme}://{address.split('://', 1)[1]}"
 
         async def _connect_cluster(self) -> None:
-            if self._ck_security.scheme == "tcp":
-                await super()._connect_cluster()
-                return
+            """The library's connect, bounded: it waits forever on a scheduler that crashed."""
+            connecting = (
+                super()._connect_cluster()
+                if self._ck_security.scheme == "tcp"
+                else self._connect_tls()
+            )
+            try:
+                await asyncio.wait_for(connecting, self._ck_timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"the scheduler of DaskCluster {self.namespace}/{self.name} did not answer "
+                    f"within {self._ck_timeout:.0f}s"
+                ) from None
+
+        async def _connect_tls(self) -> None:
             # The library's version with TLS-aware comms (its helper opens plain rpcs).
             from dask_kubernetes.operator.kubecluster.kubecluster import (
                 wait_for_scheduler,
@@ -73,7 +94,8 @@ def _cluster_class() -> type:
 
 
 def connect(name: str, namespace: str, security: ClusterSecurity, timeout: float) -> Any:
-    """A handle on an existing DaskCluster that never deletes it when closed."""
+    """A handle on an existing DaskCluster that never deletes it when closed; TimeoutError if
+    its scheduler does not answer within ``timeout``."""
     from dask_kubernetes.operator.kubecluster.kubecluster import CreateMode
 
     cls = _cluster_class()
@@ -81,6 +103,7 @@ def connect(name: str, namespace: str, security: ClusterSecurity, timeout: float
         name=name,
         namespace=namespace,
         ck_security=security,
+        ck_timeout=timeout,
         quiet=True,
         create_mode=CreateMode.CONNECT_ONLY,
         shutdown_on_close=False,
