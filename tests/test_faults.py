@@ -1,4 +1,5 @@
-"""Faults of the machine: a read-only or missing state directory, many `up`s and attaches at once.
+"""Faults of the machine: a read-only or full state directory, many `up`s and attaches at
+once, two users on one machine.
 
 Each gives a clear error or works, and leaves nothing behind.
 """
@@ -7,10 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -111,3 +116,136 @@ def test_twenty_parallel_attaches(tmp_path: Path) -> None:
             assert sorted(pool.map(attach, range(20))) == list(range(1, 21))
     finally:
         api.down(record.name)
+
+
+SECOND_USER = "ck-second"
+
+
+@dataclass
+class User:
+    """A second Unix user of this machine, running this checkout's clusterkit."""
+
+    name: str
+    uid: int
+    home: Path
+
+    def run(self, *args: str, timeout: float = 180,
+            **extra: str) -> subprocess.CompletedProcess[str]:
+        env = {"HOME": str(self.home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+               "LANG": "C.UTF-8", **extra}
+        command = ["runuser", "-u", self.name, "--", "env", "-i",
+                   *(f"{key}={value}" for key, value in env.items()), sys.executable, *args]
+        return subprocess.run(command, cwd=self.home, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def processes(self) -> list[str]:
+        import psutil
+
+        return [f"{p.pid} {' '.join(p.cmdline())}" for p in psutil.process_iter()
+                if p.uids().real == self.uid and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _ancestors_closed_to_others(paths: list[Path]) -> set[Path]:
+    """Directories on the way to ``paths`` that others cannot enter (e.g. /root, 0700)."""
+    closed = set()
+    for path in paths:
+        for directory in [path, *path.parents]:
+            if directory.is_dir() and not directory.stat().st_mode & 0o001:
+                closed.add(directory)
+    return closed
+
+
+@pytest.fixture
+def second_user() -> Iterator[User]:
+    """A throwaway user; it may enter (x, by an ACL entry for it alone) the directories this
+    interpreter and checkout sit in, since this machine's Python lives under /root (0700)."""
+    if os.geteuid() != 0:
+        pytest.skip("adding a second user needs root")
+    subprocess.run(["userdel", "-r", SECOND_USER], capture_output=True)
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", SECOND_USER], check=True)
+    import pwd
+
+    entry = pwd.getpwnam(SECOND_USER)
+    user = User(SECOND_USER, entry.pw_uid, Path(entry.pw_dir))
+    root = Path(__file__).resolve().parent.parent
+    interpreter = Path(sys.executable).resolve()
+    granted = _ancestors_closed_to_others([root, Path(sys.prefix), interpreter.parent])
+    try:
+        for directory in granted:
+            subprocess.run(["setfacl", "-m", f"u:{SECOND_USER}:x", str(directory)], check=True)
+        yield user
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", SECOND_USER], capture_output=True)
+        for directory in granted:
+            subprocess.run(["setfacl", "-x", f"u:{SECOND_USER}", str(directory)],
+                           capture_output=True)
+        time.sleep(0.5)
+        subprocess.run(["userdel", "-r", SECOND_USER], capture_output=True)
+
+
+ON_WHICH_UID = """
+import os, sys
+from clusterkit import get_client
+with get_client(sys.argv[1], timeout=30) as client:
+    print(client.submit(os.getuid, pure=False).result(timeout=60))
+"""
+
+
+SHIPPED_SEARCH = """
+from clusterkit.runners import hpo
+
+def objective(trial):
+    return trial.suggest_float("x", 0, 1)
+
+hpo.run(objective, n_trials=2, workdir=".", storage=None, progress=False, max_retries=0)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_two_users_on_one_machine(tmp_path: Path, second_user: User) -> None:
+    """Two users each bring up a cluster of the same name: each sees, uses and stops only its
+    own (state under each home, workers' scratch space under each user), nothing is left."""
+    import json
+
+    from clusterkit.client import get_client
+
+    profile = "backend: local\nworkers: 1\nscheduler: {dashboard: false}\n"
+    (second_user.home / "twin.yaml").write_text(profile)
+    os.chown(second_user.home / "twin.yaml", second_user.uid, -1)
+    mine = api.up(small(tmp_path, "twin"))
+    try:
+        up = second_user.run("-m", "clusterkit", "up", "twin.yaml")
+        assert up.returncode == 0, up.stderr
+        listed = second_user.run("-m", "clusterkit", "ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        theirs = json.loads(listed.stdout)
+        assert [(row["name"], row["state"]) for row in theirs] == [("twin", "up")], theirs
+        assert theirs[0]["address"] != mine.address
+        on = second_user.run("-c", ON_WHICH_UID, "twin")
+        assert on.returncode == 0, on.stderr
+        assert int(on.stdout.split()[-1]) == second_user.uid
+        with get_client("twin") as client:
+            assert client.submit(os.getuid, pure=False).result(timeout=60) == os.getuid()
+        # a project cache in the shared /tmp made first by someone else is refused, not used
+        squatted = Path(tempfile.gettempdir()) / f"clusterkit-workdir-{second_user.uid}"
+        squatted.mkdir(mode=0o777)
+        try:
+            squatted.chmod(0o777)
+            search = second_user.run("-c", SHIPPED_SEARCH, CLUSTERKIT_WORKDIR_COPY="1")
+        finally:
+            shutil.rmtree(squatted)
+        assert search.returncode != 0
+        assert f"project cache {squatted} is not private to this user" in search.stderr, (
+            search.stderr[-3000:])
+        down = second_user.run("-m", "clusterkit", "down", "--all", "--yes")
+        assert down.returncode == 0, down.stderr
+        assert api.status("twin")["name"] == "twin", "the other user's down reached mine"
+        left = second_user.run("-m", "clusterkit", "ls", "--json")
+        assert json.loads(left.stdout) == [], left.stdout
+        deadline = time.monotonic() + 15
+        while second_user.processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert second_user.processes() == [], "the second user's cluster left processes"
+    finally:
+        api.down(mine.name)
+    assert state.records() == []

@@ -14,12 +14,14 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from clusterkit.errors import StateError
 from clusterkit.runners.workdir.project import Project, file_digest
 
 CACHE_ENV = "CLUSTERKIT_WORKDIR_CACHE"
@@ -30,12 +32,30 @@ _located: dict[tuple[str, str, bool], tuple[str, str]] = {}
 
 
 def cache_root() -> str:
+    """This worker's cache of shipped projects: ``$CLUSTERKIT_WORKDIR_CACHE``, else a 0700
+    directory of this user's in the temp directory.
+
+    Trials and ranks run the code in it, so a cache that another user owns or may write to
+    (say, made in the shared /tmp before this user's first run) is refused, never used.
+    """
     root = os.environ.get(CACHE_ENV) or os.path.join(
         tempfile.gettempdir(), f"clusterkit-workdir-{os.getuid()}"
     )
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    _check_private(root)
     os.makedirs(os.path.join(root, "incoming"), exist_ok=True)
     os.makedirs(os.path.join(root, "projects"), exist_ok=True)
     return root
+
+
+def _check_private(root: str) -> None:
+    info = os.stat(root)  # through a link: the directory it names must be ours
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise StateError(
+            f"project cache {root} is not private to this user (owner uid {info.st_uid}, "
+            f"mode {stat.S_IMODE(info.st_mode):o}): another user could change the code it runs",
+            hint=f"remove it, or set {CACHE_ENV} to a directory only you can write",
+        )
 
 
 def store_id() -> str:
