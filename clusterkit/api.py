@@ -159,6 +159,11 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
         else:
             raise
         return
+    if record.elsewhere:
+        raise BadInput(
+            f"cluster '{name}' is supervised on host {record.host}: only there can it be stopped",
+            hint=f"ssh {record.host} clusterkit down {name}",
+        )
     with state.lock(name):
         if record.pid is None:
             get_backend(record.backend).teardown(record)
@@ -171,7 +176,9 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
 
 def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[str]:
     """``down`` of every cluster (or, ``dead_only``, of those whose supervisor is gone)."""
-    names = [r.name for r in state.records() if not (dead_only and state.is_live(r))]
+    names = [
+        r.name for r in state.records() if not (r.elsewhere or (dead_only and state.is_live(r)))
+    ]
     names += [u.name for u in state.unreadable_records()]
     for name in names:
         down(name, timeout=timeout)
@@ -186,6 +193,8 @@ def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
             continue
         if not state.is_live(record):
             info: dict[str, Any] = {"state": DEAD}
+        elif record.elsewhere:  # its address may be the other host's loopback: not probed
+            info = {"state": f"up on host {record.host}"}
         elif record.starting:
             info = {"state": f"starting (pid {record.owner})"}
         else:
@@ -294,6 +303,11 @@ def _control(record: ClusterRecord, request: dict[str, Any]) -> dict[str, Any]:
 
     if not record.control:
         raise BadInput(f"cluster '{record.name}' has no supervisor to ask")
+    if record.elsewhere:
+        raise BadInput(
+            f"cluster '{record.name}' is supervised on host {record.host}",
+            hint=f"run this command there (ssh {record.host})",
+        )
     try:
         return control.request(record.control, request)
     except ClusterkitError as error:

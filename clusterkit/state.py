@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -86,7 +87,7 @@ def clusters_dir() -> Path:
 
 
 def cluster_dir(name: str) -> Path:
-    """The private directory of one cluster: certificates, logs, control socket."""
+    """The private directory of one cluster: certificates, logs, pid file."""
     path = _made_clusters_dir() / name
     with writable(path):
         _private_dir(path)
@@ -94,6 +95,35 @@ def cluster_dir(name: str) -> Path:
 
 
 PID_FILE = "supervisor.pid"
+HOST = socket.gethostname()
+
+
+def runtime_dir() -> Path:
+    """This user's private directory for sockets on the local disk: ``$XDG_RUNTIME_DIR`` (else
+    the temp directory) ``/clusterkit-UID``. The state directory may be on a network file
+    system (an NFS home), where a Unix socket cannot be made or is only valid on one host."""
+    import tempfile
+
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = Path(base) / f"clusterkit-{os.getuid()}"
+    with writable(path):
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise StateError(
+            f"runtime directory {path} is not private to this user "
+            f"(owner uid {info.st_uid}, mode {info.st_mode & 0o777:o})",
+            hint="remove it, or set XDG_RUNTIME_DIR to a directory only you can use",
+        )
+    return path
+
+
+def control_socket(name: str) -> Path:
+    """Where the supervisor of ``name`` (under this state directory) listens, on this host."""
+    import hashlib
+
+    key = hashlib.sha256(f"{state_dir().resolve()}\0{name}".encode()).hexdigest()[:20]
+    return runtime_dir() / f"{key}.sock"
 
 
 def record_path(name: str) -> Path:
@@ -117,6 +147,7 @@ class ClusterRecord:
     started_at: float = field(default_factory=time.time)
     control: str | None = None  # supervisor's control socket
     owner: int | None = None  # the process an embedded cluster lives and dies with
+    host: str = HOST  # where pid and owner run (a state directory on NFS is seen from many)
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (k8s name, ...)
 
     def to_json(self) -> str:
@@ -131,6 +162,11 @@ class ClusterRecord:
     @property
     def age(self) -> float:
         return time.time() - self.started_at
+
+    @property
+    def elsewhere(self) -> bool:
+        """Its supervisor or owner runs on another host: this one cannot check or stop it."""
+        return self.host != HOST and (self.pid is not None or self.owner is not None)
 
     @property
     def starting(self) -> bool:
@@ -191,7 +227,7 @@ def write_pid_file(name: str, pid: int) -> None:
     path = cluster_dir(name) / PID_FILE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(str(pid))
+        handle.write(f"{pid} {HOST}")
 
 
 def starting_clusters() -> list[str]:
@@ -204,19 +240,29 @@ def starting_clusters() -> list[str]:
     return found
 
 
-def supervisor_pid(name: str) -> int | None:
-    """The pid in the cluster's pid file, if that process still runs."""
+def pid_file(name: str) -> tuple[int, str] | None:
+    """The supervisor's pid and host from the cluster's pid file (host: this one if unsaid)."""
     try:
-        pid = int((clusters_dir() / name / PID_FILE).read_text().strip())
+        pid_text, _, host = (clusters_dir() / name / PID_FILE).read_text().partition(" ")
+        return int(pid_text), host.strip() or HOST
     except (OSError, ValueError):
         return None
-    return pid if pid_alive(pid) else None
+
+
+def supervisor_pid(name: str) -> int | None:
+    """The pid in the cluster's pid file, if that process runs on this host."""
+    found = pid_file(name)
+    if found is None or found[1] != HOST:
+        return None  # another host's process: this one's pid of that number is unrelated
+    return found[0] if pid_alive(found[0]) else None
 
 
 def remove_cluster(name: str) -> None:
     """Delete the record and the cluster's private directory."""
     with contextlib.suppress(FileNotFoundError):
         record_path(name).unlink()
+    with contextlib.suppress(OSError, StateError):
+        control_socket(name).unlink(missing_ok=True)
     shutil.rmtree(clusters_dir() / name, ignore_errors=True)
 
 
@@ -237,6 +283,8 @@ def pid_alive(pid: int | None) -> bool:
 def is_live(record: ClusterRecord) -> bool:
     """A supervised record is live while its supervisor runs, an embedded one while its owner
     runs, a detached one until `down`."""
+    if record.elsewhere:
+        return True  # its host knows; never taken for dead (and reaped) from here
     if record.owner is not None:
         return pid_alive(record.owner)
     return record.pid is None or pid_alive(record.pid)

@@ -341,7 +341,7 @@ def test_unreadable_record_never_hides_a_running_cluster(tmp_path: Path) -> None
         assert state.read_record("torn") == record
         # with neither record nor control socket, down still finds it by its pid file
         _corrupt("torn")
-        (state.cluster_dir("torn") / "control.sock").unlink()
+        state.control_socket("torn").unlink()
         with pytest.raises(clusterkit.ClusterkitError, match="still runs"):
             api.status("torn")
     finally:

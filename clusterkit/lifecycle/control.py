@@ -1,6 +1,7 @@
 """The supervisor's control socket: one JSON request per connection, one JSON reply.
 
-A 0600 Unix socket in the cluster's private directory; only its owner can connect.
+A 0600 Unix socket in the user's private runtime directory on the local disk
+(``state.control_socket``); only its owner can connect.
 """
 
 from __future__ import annotations

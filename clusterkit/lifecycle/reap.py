@@ -12,9 +12,8 @@ from clusterkit.state import ClusterRecord
 def recovered(unreadable: state.Unreadable) -> ClusterRecord:
     """Ask the supervisor for the record it wrote, and write it again; else say what runs."""
     from clusterkit.lifecycle import control
-    from clusterkit.lifecycle.supervisor import SOCKET_NAME
 
-    socket = state.clusters_dir() / unreadable.name / SOCKET_NAME
+    socket = state.control_socket(unreadable.name)
     try:
         record = ClusterRecord(
             **control.request(str(socket), {"op": "record"}, timeout=10)["record"]
@@ -50,6 +49,12 @@ def reap_held(record: ClusterRecord) -> None:
 def down_by_pid_file(name: str, timeout: float) -> None:
     from clusterkit.lifecycle.spawn import stop_supervisor
 
+    found = state.pid_file(name)
+    if found is not None and found[1] != state.HOST:
+        raise ClusterkitError(
+            f"cluster '{name}' is supervised on host {found[1]}: only there can it be stopped",
+            hint=f"ssh {found[1]} clusterkit down {name}",
+        )
     with state.lock(name):
         pid = state.supervisor_pid(name)
         if pid is not None:

@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 LOG_NAME = "supervisor.log"
 PROFILE_NAME = "profile.json"
-SOCKET_NAME = "control.sock"
 #: Seconds between checks that the scheduler still answers, and how long it may not.
 PING_INTERVAL = 3.0
 SCHEDULER_LOST = 15.0
@@ -75,10 +74,11 @@ class Supervisor:
 
     def start(self) -> state.ClusterRecord:
         self.started = start_cluster(self.profile, name=self.name, security_dir=self.directory)
-        record = self.started.record(pid=os.getpid(), control=str(self.directory / SOCKET_NAME))
+        socket = state.control_socket(self.name)
+        record = self.started.record(pid=os.getpid(), control=str(socket))
         state.write_record(record)
         self.record = record
-        control.serve(self.directory / SOCKET_NAME, self.handle)
+        control.serve(socket, self.handle)
         return record
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
