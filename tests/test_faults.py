@@ -1,5 +1,5 @@
 """Faults of the machine: a read-only or full state directory, many `up`s and attaches at
-once, two users on one machine.
+once, two users on one machine, a state directory on a network file system.
 
 Each gives a clear error or works, and leaves nothing behind.
 """
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from clusterkit import api, state
+from tests.test_ssh import Lab, lab  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.local
 
@@ -249,3 +252,64 @@ def test_two_users_on_one_machine(tmp_path: Path, second_user: User) -> None:
     finally:
         api.down(mine.name)
     assert state.records() == []
+
+
+@contextlib.contextmanager
+def network_mount(lab: Lab, export: Path, mountpoint: Path) -> Iterator[Path]:  # noqa: F811
+    """``export`` mounted at ``mountpoint`` through sshfs (FUSE over the test's sshd): a state
+    directory on a network file system, as an NFS home is on a cluster's login nodes."""
+    export.mkdir()
+    mountpoint.mkdir()
+    options = (f"IdentityFile={lab.keys.client_key},UserKnownHostsFile={lab.known_hosts},"
+               "StrictHostKeyChecking=yes")
+    subprocess.run(["sshfs", "-p", str(lab.server.port), "-o", options,
+                    f"root@127.0.0.1:{export}", str(mountpoint)], check=True, timeout=60)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, timeout=60)
+
+
+def on_other_host(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The CLI as a second login node sharing the state directory would run it (own hostname,
+    in a UTS namespace)."""
+    command = " ".join(shlex.quote(a) for a in [*CLI, *args])
+    return subprocess.run(["unshare", "--uts", "sh", "-c", f"hostname login2 && exec {command}"],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(600)
+def test_state_directory_on_a_network_file_system(tmp_path: Path, lab: Lab) -> None:  # noqa: F811
+    """The whole lifecycle with the state directory on a network mount (the control socket
+    lives on the local disk: none can be made on sshfs), and a second host that shares it sees
+    the cluster as running elsewhere: it neither probes it nor stops it."""
+    import json
+
+    with network_mount(lab, tmp_path / "export", tmp_path / "home") as home:
+        env = {**os.environ, "CLUSTERKIT_STATE_DIR": str(home / "state")}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=180,
+                                  env=env)
+
+        up = cli("up", str(small(tmp_path, "shared-home")))
+        assert up.returncode == 0, up.stderr
+        try:
+            rows = json.loads(cli("ls", "--json").stdout)
+            assert [(r["name"], r["state"]) for r in rows] == [("shared-home", "up")], rows
+            assert cli("scale", "shared-home", "2").returncode == 0
+            assert cli("status", "shared-home").returncode == 0
+            elsewhere = json.loads(on_other_host("ls", "--json", env=env).stdout)
+            assert [r["state"] for r in elsewhere] == [f"up on host {socket.gethostname()}"]
+            refused = on_other_host("down", "shared-home", env=env)
+            assert refused.returncode == 2, refused
+            assert "supervised on host" in refused.stderr and "Traceback" not in refused.stderr
+            assert on_other_host("down", "--all", "--yes", env=env).returncode == 0
+            assert cli("status", "shared-home").returncode == 0, "the other host stopped it"
+        finally:
+            down = cli("down", "shared-home")
+        assert down.returncode == 0, down.stderr
+        assert json.loads(cli("ls", "--json").stdout) == []
+        left = (home / "state" / "clusters").iterdir()
+        assert [p.name for p in left if p.suffix != ".lock"] == []  # lock files stay, by design

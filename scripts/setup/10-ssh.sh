@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ssh tier: OpenSSH server (tests start a private sshd on 127.0.0.1), iproute2 (network
-# namespaces for the two-host test), procps; asyncssh into the venv.
+# namespaces for the two-host test), procps, sshfs (FUSE over that sshd: a network state
+# directory); asyncssh into the venv.
 set -euo pipefail
 VENV="${VENV:-.venv}"
 
@@ -10,6 +11,7 @@ if [ "$(id -u)" = 0 ]; then
   command -v ip >/dev/null || missing+=(iproute2)
   command -v pgrep >/dev/null || missing+=(procps)
   command -v ssh-keygen >/dev/null || missing+=(openssh-client)
+  command -v sshfs >/dev/null || missing+=(sshfs)   # a state directory on a network mount
   if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
