@@ -1,5 +1,5 @@
-"""The search loop's watchdog: a quiet spell with trials in flight is logged with the
-scheduler's view of their tasks."""
+"""The search loop: its watchdog (a quiet spell with trials in flight is logged with the
+scheduler's view of their tasks) and how it asks trials (enqueued ones first)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from clusterkit.runners import hpo
 from clusterkit.runners.hpo import loop
+from clusterkit.runners.hpo.inputs import resolve_storage
 
 pytestmark = pytest.mark.local
 
@@ -49,3 +50,32 @@ def test_a_quiet_spell_is_logged_with_the_task_states(
     stalls = [r.getMessage() for r in caplog.records if "no trial finished" in r.getMessage()]
     assert len(stalls) == 1, stalls  # once per quiet spell
     assert "1 in flight" in stalls[0] and ": processing" in stalls[0]
+
+
+def quick_objective(trial: optuna.Trial) -> float:
+    return trial.suggest_float("x", -1.0, 1.0) ** 2
+
+
+@pytest.mark.parametrize("storage_kind", ["memory", "journal"])
+def test_enqueued_trials_run_first_then_new_ones(
+    client: object, tmp_path: object, storage_kind: str
+) -> None:
+    """Trials the user enqueued are asked first (the loop only skips Optuna's scan for them once
+    none are left), then new ones, with exactly n_trials finished and none left waiting."""
+    storage: object = optuna.storages.InMemoryStorage()
+    if storage_kind == "journal":
+        storage = str(tmp_path) + "/enqueued.optuna.log"
+    study = optuna.create_study(
+        study_name="enqueued",
+        storage=resolve_storage(storage, "enqueued"),
+        sampler=optuna.samplers.RandomSampler(seed=1),
+    )
+    fixed = [0.25, -0.5, 0.75]
+    for x in fixed:
+        study.enqueue_trial({"x": x})
+    study = hpo.run(quick_objective, n_trials=8, client=client, study=study,  # type: ignore[arg-type]
+                    progress=False)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 8
+    assert [t.params["x"] for t in trials[:3]] == fixed
+    assert len({t.params["x"] for t in trials[3:]} - set(fixed)) == 5

@@ -8,6 +8,7 @@ worker, a restarted worker, a resumed driver and two studies on one cluster at o
 
 from __future__ import annotations
 
+import pickle
 import sys
 import threading
 import time
@@ -186,7 +187,8 @@ def test_mirror_applies_deltas_in_order_and_refuses_gaps() -> None:
     assert mirror.update(2, log[2:5], None) and mirror.version == 5
     assert [t.state for t in mirror.listing()] == [TrialState.COMPLETE] * 2 + [TrialState.RUNNING]
     late = StudyMirror()
-    assert late.update(4, log[4:5], (4, log[:4]))  # a base brings a new mirror up to the delta
+    # a base (pickled, as it travels) brings a new mirror up to the delta
+    assert late.update(4, log[4:5], (4, pickle.dumps(log[:4])))
     assert [t.state for t in late.listing()] == [t.state for t in mirror.listing()]
     assert late.by_id[101].state == TrialState.COMPLETE
 

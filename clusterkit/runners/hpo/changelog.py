@@ -67,14 +67,14 @@ class ChangeLog:
     def _base_for(self, head: int) -> tuple[Future, int]:
         if self._base is None or head - self._base_version > self.window // 2:
             version = head
-            self._base = self._scatter((version, self.entries[:version]))
+            self._base = self._scatter((version, pickle.dumps(self.entries[:version])))
             self._base_version = version
             # Held to the end: a task submitted with an older base may reach the scheduler
             # after the client would otherwise have released it (the task then waits forever).
             self._held.append(self._base)
         return self._base, self._base_version
 
-    def _scatter(self, base: tuple[int, list[FrozenTrial]]) -> Future:
+    def _scatter(self, base: tuple[int, bytes]) -> Future:
         """Put the base on one worker; the others fetch it with their first task that needs it
         (Dask's own dependency transfer). Not broadcast: the scheduler's replicate retries a
         worker that died meanwhile forever. A worker dying mid-call can still fail it or leave

@@ -28,6 +28,10 @@ MAX_REQUEUES = 5
 #: Seconds without any notice from the cluster, trials in flight, before the loop logs why
 #: (or three times the longest trial so far, if more).
 STALL_AFTER = 60.0
+#: Seconds between flushes of the study's storage (and progress updates) while results stream
+#: in, or after that long a quiet spell. A driver killed in between loses only results no one
+#: was shown: those trials are asked again on resume.
+REPORT_EVERY = 0.25
 
 
 class SearchLoop:
@@ -69,6 +73,12 @@ class SearchLoop:
         self._stall_logged = False
         self._longest = 0.0  # the longest trial so far: a quiet spell shorter is no stall
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
+        self.study_id = self.storage.get_study_id_from_name(study.study_name)
+        from optuna.trial import TrialState
+
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        self._waiting = len(waiting)
+        self._dirty = False  # writes not yet flushed (see _report)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -129,12 +139,23 @@ class SearchLoop:
             and self.done + len(self.inflight) < self.n_trials
             and (self.deadline is None or time.monotonic() < self.deadline)
         ):
-            trial = self.study.ask()
+            trial = self._ask()
             self.log.add(self.storage.get_trial(trial._trial_id))
             self.inflight[trial.number] = Attempt(
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
             )
         self._refresh_slots()  # after dispatching, so the RPC never delays a trial
+
+    def _ask(self) -> optuna.Trial:
+        """``study.ask()``, without its scan of every trial for enqueued ones once none are left
+        (the runner enqueues only before the loop): that scan made each trial cost more the
+        larger the study."""
+        if self._waiting > 0:
+            self._waiting -= 1
+            return self.study.ask()
+        import optuna
+
+        return optuna.Trial(self.study, self.storage.create_new_trial(self.study_id))
 
     def loop(self) -> None:
         self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
@@ -146,8 +167,11 @@ class SearchLoop:
             self._report()
             while self.inflight:
                 try:
-                    kind, item = self.inbox.get(timeout=1.0)
+                    kind, item = self.inbox.get(timeout=REPORT_EVERY if self._dirty else 1.0)
                 except queue.Empty:
+                    if self._dirty:  # quiet: make what came in durable and show it
+                        self._report()
+                        continue
                     self._check_cluster()
                     self._recheck()
                     self._watchdog()
@@ -159,7 +183,8 @@ class SearchLoop:
                     self._fill()  # after a retry or a failure
                 else:
                     self._event(item)
-                if self.inbox.empty() or time.monotonic() - self._reported_at > 0.25:
+                self._dirty = True
+                if time.monotonic() - self._reported_at > REPORT_EVERY:
                     self._report()
                 self.overhead += time.perf_counter() - began
         finally:
@@ -170,8 +195,11 @@ class SearchLoop:
             self.futures.clear()  # releases the tasks' results on the cluster
 
     def _report(self) -> None:
-        """Make every write durable, then show progress (see :mod:`.storage`)."""
+        """Make every write durable, then show progress (see :mod:`.storage`). At most every
+        REPORT_EVERY seconds while results stream in: each flush is an fsync and a file lock,
+        syscalls that wait for the GIL behind the client's IO thread."""
         flush_storage(self.storage)
+        self._dirty = False
         self._reported_at = time.monotonic()
         self._show()
 

@@ -14,6 +14,7 @@ twice or a newer over an older is harmless.
 from __future__ import annotations
 
 import copy
+import pickle
 import threading
 from collections.abc import Container, Sequence
 from typing import Any
@@ -45,11 +46,14 @@ class StudyMirror:
     def update(self, since: int, changes: Sequence[FrozenTrial], base: Any) -> bool:
         """Apply log entries ``since..since+len(changes)``; False when the mirror is too old.
 
-        ``base`` is ``(version, trials)``, the log up to ``version``, or None.
+        ``base`` is ``(version, pickled trials)``, the log up to ``version``, or None. It
+        travels pickled: a worker that holds or forwards it never imports Optuna's classes on
+        its event loop (a race with a trial importing Optuna failed such transfers).
         """
         with self.lock:
             if self.version < since and base is not None and base[0] > self.version:
-                self._put(base[1][self.version :])  # the base is the log up to its version
+                trials = pickle.loads(base[1])  # the base is the log up to its version
+                self._put(trials[self.version :])
                 self.version = base[0]
             if self.version < since:
                 return False

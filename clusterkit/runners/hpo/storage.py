@@ -8,7 +8,8 @@ any Optuna process can open it.
 
 The guarantee is the one fsync-per-write gives: a killed driver loses nothing it reported. The
 driver flushes before it shows or logs progress, before it answers a worker's pruning question,
-before it waits for the next message, and before :func:`clusterkit.runners.hpo.run` returns;
+at most ``REPORT_EVERY`` (0.25 s) after a result came in, and before
+:func:`clusterkit.runners.hpo.run` returns;
 what it had not flushed, nothing outside the driver had seen. A trial whose result was received
 but not yet flushed is, after a kill, either absent (it is asked again) or RUNNING (resume fails
 it as an orphan and enqueues its parameters again), exactly as if the kill had come a moment
