@@ -370,3 +370,48 @@ def test_restart_after_the_project_changed_on_disk(client, tmp_path: Path) -> No
     (root / "version.txt").write_text("original\n")
     results = ddp.run(edit_then_die, client=client, workdir=root, max_restarts=1, timeout=150)
     assert results == ["edited during the run"] * 2
+
+
+def venv_objective(trial) -> float:  # type: ignore[no-untyped-def]
+    """Imports a module of the project and one of a virtual environment inside the project."""
+    site = os.path.join(os.getcwd(), ".venv", "lib", "site-packages")
+    if site not in sys.path:
+        sys.path.append(site)
+    import own  # type: ignore[import-not-found]
+    import venvmod  # type: ignore[import-not-found]
+
+    venvmod.RUNS = getattr(venvmod, "RUNS", 0) + 1  # kept only while the module is
+    trial.set_user_attr("runs", venvmod.RUNS)
+    return float(own.VALUE)
+
+
+@pytest.mark.local
+def test_an_edited_project_reloads_its_own_modules_not_its_venv(cache: Path,
+                                                                tmp_path: Path) -> None:
+    """A project with its virtual environment inside (``python -m venv .venv``), edited
+    between two searches on a long-lived worker: the project's module is imported anew, the
+    venv's modules are left alone (forgetting numpy or psutil there broke the worker)."""
+    import optuna
+
+    from clusterkit.runners import hpo
+
+    root = tmp_path / "project"
+    site = root / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (site / "venvmod.py").write_text("RUNS = 0\n")
+    (root / "own.py").write_text("VALUE = 1\n")
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
+                                 dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        runs = []
+        for value in (1, 2):
+            (root / "own.py").write_text(f"VALUE = {value}\n")
+            study = hpo.run(venv_objective, n_trials=1, client=client, workdir=root,
+                            storage=optuna.storages.InMemoryStorage(), progress=False)
+            [trial] = study.trials
+            assert trial.value == value, "the edited module was not imported anew"
+            runs.append(trial.user_attrs["runs"])
+    assert runs == [1, 2], "the venv's module was forgotten and imported again"

@@ -47,6 +47,7 @@ _enter_lock = threading.Lock()
 _entered: dict[str, int] = {}  # directory -> trials/ranks inside it now (threads share a cwd)
 _saved_cwd: list[str] = []
 _last_digest: dict[str, str] = {}
+_last_files: dict[str, set[str]] = {}  # directory -> the project's files at that digest
 
 
 def _module_file(fn: Callable[..., Any]) -> str | None:
@@ -126,19 +127,31 @@ def in_project(
     return call
 
 
-def _purge_stale_modules(directory: str, digest: str) -> None:
-    """Forget modules imported from an older version of this project (long-lived workers)."""
-    if _last_digest.get(directory) in (None, digest):
-        _last_digest[directory] = digest
+def _purge_stale_modules(directory: str, project: Project) -> None:
+    """Forget modules imported from an older version of this project (long-lived workers).
+
+    Only the project's own files count: a virtual environment or anything else ignored under
+    the directory (``.venv/.../numpy``) is not the project, and forgetting those modules
+    breaks the worker (an extension module cannot be loaded twice)."""
+    files = {f.path for f in project.files}
+    previous = _last_digest.get(directory)
+    stale = _last_files.get(directory, set()) | files
+    _last_digest[directory], _last_files[directory] = project.digest, files
+    if previous in (None, project.digest):
         return
-    _last_digest[directory] = digest
-    prefix = directory.rstrip(os.sep) + os.sep
     for name, module in list(sys.modules.items()):
-        if (getattr(module, "__file__", None) or "").startswith(prefix):
+        path = getattr(module, "__file__", None)
+        if path and _relative(path, directory) in stale:
             del sys.modules[name]
     import importlib
 
     importlib.invalidate_caches()
+
+
+def _relative(path: str, directory: str) -> str | None:
+    """``path`` relative to ``directory`` in the project's notation, or None if outside."""
+    prefix = directory.rstrip(os.sep) + os.sep
+    return path[len(prefix) :].replace(os.sep, "/") if path.startswith(prefix) else None
 
 
 @contextlib.contextmanager
@@ -155,7 +168,7 @@ def entered(project: Project | None) -> Iterator[str | None]:
         if not any(_entered.values()):
             _saved_cwd[:] = [os.getcwd()]
         _entered[directory] = _entered.get(directory, 0) + 1
-        _purge_stale_modules(directory, project.digest)
+        _purge_stale_modules(directory, project)
         os.chdir(directory)
         sys.path.insert(0, directory)
     try:
