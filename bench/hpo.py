@@ -187,6 +187,7 @@ def scale_clusterkit(client: Any, objective: Any, n: int, storage: str) -> tuple
         study_name="scale",
         sampler=optuna.samplers.RandomSampler(seed=0),
         progress=False,
+        workdir=None,  # as the hand loop: no project to ship (auto would pick this checkout)
     )
     wall = time.perf_counter() - started
     return wall / n, hpo_driver.LAST_RUN_STATS["overhead_s"] / n
