@@ -88,6 +88,7 @@ def run_clusterkit(client: Any, times: list[float], seed: int, storage: str) -> 
         study_name="bench",
         sampler=optuna.samplers.TPESampler(seed=seed),
         progress=False,
+        workdir=None,  # as the other methods: no project to ship
     )
     makespan = time.perf_counter() - started
     return makespan, hpo_driver.LAST_RUN_STATS["overhead_s"] / N_TRIALS
