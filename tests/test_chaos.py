@@ -1,6 +1,7 @@
 """Chaos: SIGKILL the supervisor (which hosts the scheduler on local and slurm), a worker, the
 driver, or on SSH the remote scheduler or the SSH connections, at a seeded random moment of
-`up`, `scale` or a search, on the local, ssh and slurm backends. Then nothing of the cluster may
+`up`, `scale` or a search, on the local, ssh, slurm and kubernetes backends (Kubernetes: the
+`up` or search process, or a pod's scheduler or worker process). Then nothing of the cluster may
 be left after `down` (processes, remote processes and folders, batch jobs), `ls` must agree
 with what runs, and a search holds each trial once.
 
@@ -29,6 +30,7 @@ import pytest
 from clusterkit import state
 from tests import slurm as SLURM
 from tests import sshd as SSHD
+from tests.test_kubernetes import Harness, clean, k8s, write_profile  # noqa: F401 - fixtures
 from tests.test_slurm import empty_queue_after, slurm  # noqa: F401 - fixtures
 from tests.test_ssh import Lab, lab, no_remote_leftovers  # noqa: F401 - fixtures
 
@@ -41,6 +43,7 @@ VICTIMS = {
     "local": ("supervisor", "worker", "driver"),
     "ssh": ("supervisor", "scheduler", "worker", "driver", "connection"),
     "slurm": ("supervisor", "worker", "driver"),
+    "kubernetes": ("scheduler", "worker", "driver"),
 }
 TRIALS = 10
 CLI = [sys.executable, "-m", "clusterkit"]
@@ -115,6 +118,8 @@ class Target:
     scale_to: int
     kill_remote: Callable[[str, str], bool] = lambda victim, name: False
     leftovers: Callable[[str], list[str]] = lambda name: []
+    supervised: bool = True  # Kubernetes: the cluster lives in the API server, no supervisor
+    recover_after: float = 60.0  # how long a search's cluster may take to answer again
 
 
 def settled(find: Callable[[], list[str]], seconds: float) -> list[str]:
@@ -127,7 +132,7 @@ def settled(find: Callable[[], list[str]], seconds: float) -> list[str]:
 
 def kill(target: Target, victim: str, name: str, driver: subprocess.Popen[str]) -> int | None:
     """SIGKILL the victim; the supervisor's pid (to check its group afterwards), if known."""
-    supervisor = wait_for(lambda: state.supervisor_pid(name), 20)
+    supervisor = wait_for(lambda: state.supervisor_pid(name), 20) if target.supervised else None
     if victim == "driver":
         driver.kill()
     elif victim == "supervisor" and supervisor:
@@ -156,14 +161,15 @@ def start_driver(case: Case, name: str, target: Target, storage: str) -> subproc
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish_search(name: str, profile: Path, storage: str) -> None:
-    """Run the search to the end (resuming the study), on a fresh cluster if the old one died."""
-    wait_for(lambda: reachable_or_gone(name), 60)  # a supervisor notices a lost scheduler
+def finish_search(target: Target, name: str, storage: str) -> None:
+    """Run the search to the end (resuming the study), on a fresh cluster if the old one died
+    or no longer answers."""
+    answers = wait_for(lambda: reachable_or_gone(name), target.recover_after)
     listed = state.read_record(name)
-    if listed is None or not state.is_live(listed):
+    if not answers or listed is None or not state.is_live(listed):
         subprocess.run([*CLI, "down", name], capture_output=True, timeout=120)
-        up = subprocess.run([*CLI, "up", str(profile), "--name", name], capture_output=True,
-                            text=True, timeout=120)
+        up = subprocess.run([*CLI, "up", str(target.profile), "--name", name],
+                            capture_output=True, text=True, timeout=180)
         assert up.returncode == 0, up.stderr
     done = subprocess.run([sys.executable, "-c", HPO_DRIVER, name, storage, str(TRIALS)],
                           capture_output=True, text=True, timeout=300)
@@ -213,7 +219,7 @@ def run_case(target: Target, index: int, tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             assert case.phase != "hpo", f"{where}: the search never ended"
         if case.phase == "hpo":
-            finish_search(name, target.profile, storage)
+            finish_search(target, name, storage)
             supervisors.append(state.supervisor_pid(name))
     finally:
         if driver.poll() is None:
@@ -299,3 +305,40 @@ def test_chaos_slurm(index: int, tmp_path: Path, slurm: SLURM.Slurm) -> None:  #
         return True
 
     run_case(Target("slurm", profile, 2, kill_remote, jobs), index, tmp_path)
+
+
+@pytest.mark.parametrize("index", range(KILLS), ids=IDS)
+@pytest.mark.timeout(600)
+def test_chaos_kubernetes(index: int, tmp_path: Path, clean: Harness) -> None:  # noqa: F811
+    """The cluster lives in the API: an `up` killed mid-start must still be found by `down`
+    (its claim record), and a pod's process killed leaves the DaskCluster for `down`."""
+    profile = write_profile(tmp_path, "chaos-k8s", workers=2, start_timeout="120s",
+                            death_timeout=10)
+
+    def pod_processes(name: str) -> dict[int, str]:
+        root = str(clean.directory / "pods")
+        found = {}
+        for process in psutil.process_iter(["cwd", "cmdline"]):
+            cwd = process.info["cwd"] or ""
+            if cwd.startswith(root) and Path(cwd).name.startswith(f"{name}-"):
+                found[process.pid] = " ".join(process.info["cmdline"] or [])
+        return found
+
+    def kill_remote(victim: str, name: str) -> bool:
+        wanted = "scheduler" if victim == "scheduler" else "worker"
+        found = wait_for(lambda: [p for p, cmd in pod_processes(name).items() if wanted in cmd],
+                         30)
+        if found:
+            os.kill(found[0], signal.SIGKILL)
+        return victim in ("scheduler", "worker")
+
+    def leftovers(name: str) -> list[str]:
+        left = [f"pid {pid}" for pid in pod_processes(name)]
+        left += [f"daskcluster/{c['metadata']['name']}" for c in clean.objects("daskclusters")
+                 if c["metadata"]["name"] == name]
+        return left + [f"pod/{p['metadata']['name']}" for p in clean.objects("pods", "v1")
+                       if p["metadata"].get("labels", {}).get("dask.org/cluster-name") == name]
+
+    target = Target("kubernetes", profile, 3, kill_remote, leftovers, supervised=False,
+                    recover_after=15.0)
+    run_case(target, index, tmp_path)
