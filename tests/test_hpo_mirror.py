@@ -21,6 +21,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from clusterkit.runners import hpo
+from clusterkit.runners.hpo import changelog
 from clusterkit.runners.hpo.inputs import ATTR_ORPHANED, ATTR_TIME
 from clusterkit.runners.hpo.mirror import StudyMirror
 
@@ -55,6 +56,14 @@ def client(cluster: object) -> Iterator[object]:
     with Client(cluster) as connected:  # type: ignore[arg-type]
         connected.wait_for_workers(1, timeout=60)
         yield connected
+
+
+@pytest.fixture(params=["inline", "scattered"])
+def base_transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The base travels inside the tasks while it is small, else scattered: test both."""
+    if request.param == "scattered":
+        monkeypatch.setattr(changelog, "INLINE_BASE", 0)
+    return str(request.param)
 
 
 def seeing_objective(offset: float, sleep: float):
@@ -100,7 +109,9 @@ def search(client: object, objective, n: int, name: str, storage=None) -> optuna
 
 
 @pytest.mark.local
-def test_late_joining_worker_gets_the_study(cluster: object, client: object) -> None:
+def test_late_joining_worker_gets_the_study(
+    cluster: object, client: object, base_transport: str
+) -> None:
     def grow() -> None:
         time.sleep(1.5)
         cluster.scale(2)  # type: ignore[attr-defined]
@@ -115,7 +126,7 @@ def test_late_joining_worker_gets_the_study(cluster: object, client: object) -> 
 
 
 @pytest.mark.local
-def test_restarted_worker_rebuilds_its_mirror(client: object) -> None:
+def test_restarted_worker_rebuilds_its_mirror(client: object, base_transport: str) -> None:
     def restart() -> None:
         time.sleep(1.5)
         client.restart_workers(list(client.scheduler_info()["workers"]))  # type: ignore[attr-defined]
@@ -131,7 +142,9 @@ def test_restarted_worker_rebuilds_its_mirror(client: object) -> None:
 
 
 @pytest.mark.local
-def test_resumed_driver_mirrors_the_earlier_trials(client: object, tmp_path: Path) -> None:
+def test_resumed_driver_mirrors_the_earlier_trials(
+    client: object, tmp_path: Path, base_transport: str
+) -> None:
     journal = str(tmp_path / "resume.optuna.log")
     search(client, seeing_objective(0.0, 0.0), 12, "resume", journal)
     study = search(client, seeing_objective(0.0, 0.0), 24, "resume", journal)
