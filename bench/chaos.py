@@ -2,6 +2,7 @@
 killed, when, the outcome and how long the case took, then a tally per backend.
 
     .venv/bin/python bench/chaos.py [--kills 50] [--seed 7] [--backends local ssh slurm kubernetes]
+    .venv/bin/python bench/chaos.py --report-only ...   # tabulate a run that was stopped
 
 Every case SIGKILLs a supervisor, scheduler, worker, connection or driver during `up`, `scale`
 or a search, then checks that `down` leaves nothing (processes, remote folders, jobs, pods) and
@@ -24,18 +25,30 @@ sys.path.insert(0, str(ROOT))
 
 BACKENDS = ("local", "ssh", "slurm", "kubernetes")
 NAME = re.compile(r"test_chaos_(\w+)\[case(\d+)\]")
+LOG_LINE = re.compile(r"test_chaos_(\w+)\[case(\d+)\] (PASSED|FAILED|ERROR|SKIPPED)")
 
 
-def run_backend(backend: str, kills: int, seed: int, keep: Path) -> dict[int, tuple[str, float]]:
-    """Run one backend's cases under pytest; the outcome and seconds of each case."""
+def run_backend(backend: str, kills: int, seed: int, keep: Path) -> None:
+    """Run one backend's cases under pytest, its log and report in ``keep``."""
     env = {**os.environ, "CLUSTERKIT_CHAOS_KILLS": str(kills), "CLUSTERKIT_CHAOS_SEED": str(seed)}
     report = keep / f"chaos-{backend}.xml"
+    report.unlink(missing_ok=True)
+    command = ["-m", "pytest", "-p", "no:cacheprovider", "-v", "-rf", "tests/test_chaos.py"]
+    command += ["-k", f"test_chaos_{backend}", f"--junitxml={report}"]
     with open(keep / f"chaos-{backend}.log", "w") as log:
         subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf",
-             "tests/test_chaos.py", "-k", f"test_chaos_{backend}", f"--junitxml={report}"],
-            cwd=ROOT, env=env, check=False, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, *command], cwd=ROOT, env=env, check=False, stdout=log, stderr=log
         )
+
+
+def read_outcomes(backend: str, keep: Path) -> dict[int, tuple[str, float]]:
+    """The outcome and seconds of each case of a run: from pytest's report or, for a run that
+    was stopped, the cases its log shows finished."""
+    report = keep / f"chaos-{backend}.xml"
+    if not report.exists():
+        log = (keep / f"chaos-{backend}.log").read_text()
+        named = {"PASSED": "ok", "SKIPPED": "skipped"}
+        return {int(m[2]): (named.get(m[3], "FAILED"), 0.0) for m in LOG_LINE.finditer(log)}
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         match = NAME.fullmatch(case.get("name", ""))
@@ -54,13 +67,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--keep", type=Path, default=Path("chaos-reports"))
+    parser.add_argument(
+        "--report-only", action="store_true", help="tabulate the reports in --keep (a stopped run)"
+    )
     args = parser.parse_args()
     from tests.test_chaos import cases
 
     args.keep.mkdir(parents=True, exist_ok=True)
     summary = []
     for backend in args.backends:
-        outcomes = run_backend(backend, args.kills, args.seed, args.keep)
+        if not args.report_only:
+            run_backend(backend, args.kills, args.seed, args.keep)
+        outcomes = read_outcomes(backend, args.keep)
         tally: collections.Counter[tuple[str, str, str]] = collections.Counter()
         print(f"\n== {backend} (seed {args.seed}) ==")
         print(f"{'case':>5}  {'what':44} {'outcome':8} {'s':>6}")
