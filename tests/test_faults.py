@@ -313,3 +313,82 @@ def test_state_directory_on_a_network_file_system(tmp_path: Path, lab: Lab) -> N
         assert json.loads(cli("ls", "--json").stdout) == []
         left = (home / "state" / "clusters").iterdir()
         assert [p.name for p in left if p.suffix != ".lock"] == []  # lock files stay, by design
+
+
+@dataclass
+class Sites:
+    scheduler: str  # network namespace, 10.233.0.1
+    worker: str  # network namespace, 10.233.0.2
+    worker_link: str  # the worker site's end of the veth pair
+
+
+@pytest.fixture
+def two_sites() -> Iterator[Sites]:
+    """Two network namespaces joined by a veth pair: a scheduler's site and a worker's."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.fail("network namespaces need root and iproute2 (as in CI)")
+    tag = f"{os.getpid() % 100000}"
+    sites, links = (f"ck-s{tag}", f"ck-w{tag}"), (f"cks{tag}", f"ckw{tag}")
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    try:
+        for site in sites:
+            ip("netns", "add", site)
+        ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        addresses = ("10.233.0.1/24", "10.233.0.2/24")
+        for site, link, address in zip(sites, links, addresses, strict=True):
+            ip("link", "set", link, "netns", site)
+            ip("-n", site, "addr", "add", address, "dev", link)
+            ip("-n", site, "link", "set", "lo", "up")
+            ip("-n", site, "link", "set", link, "up")
+        yield Sites(sites[0], sites[1], links[1])
+    finally:
+        for site in sites:
+            subprocess.run(["ip", "netns", "del", site], capture_output=True)
+
+
+def test_workers_of_a_site_cut_off_stop_within_the_tcp_timeout(two_sites: Sites) -> None:
+    """The README's bound for a scheduler that vanishes without a word (a partition): the
+    worker, started as batch jobs start it, stops within Dask's TCP timeout."""
+    scheduler_site, worker_site = two_sites.scheduler, two_sites.worker
+    python = [sys.executable, "-m"]
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": "15s"}
+    scheduler = subprocess.Popen(
+        ["ip", "netns", "exec", scheduler_site, *python, "distributed.cli.dask_scheduler",
+         "--host", "10.233.0.1", "--port", "8786", "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )
+    worker_log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in finally
+    worker = subprocess.Popen(
+        ["ip", "netns", "exec", worker_site, *python, "distributed.cli.dask_worker",
+         "tcp://10.233.0.1:8786", "--nthreads", "1", "--death-timeout", "60", "--no-dashboard",
+         "--host", "10.233.0.2"],
+        stdout=worker_log, stderr=subprocess.STDOUT, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while b"Registered to" not in _read(worker_log) and time.monotonic() < deadline:
+            assert worker.poll() is None, _read(worker_log).decode()[-2000:]
+            time.sleep(0.2)
+        assert b"Registered to" in _read(worker_log), _read(worker_log).decode()[-2000:]
+        cut = ["ip", "-n", worker_site, "link", "set", two_sites.worker_link, "down"]
+        subprocess.run(cut, check=True)
+        started = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(60)
+        took = time.monotonic() - started
+        assert worker.poll() is not None, "the cut-off worker was still running after 60 s"
+        assert took < 15 + 10, f"the worker stopped {took:.1f}s after the partition"
+        print(f"cut-off worker stopped {took:.1f}s after the partition (tcp timeout 15s)")
+    finally:
+        for process in (worker, scheduler):
+            process.kill()
+            process.wait()
+        worker_log.close()
+
+
+def _read(handle: object) -> bytes:
+    handle.seek(0)  # type: ignore[attr-defined]
+    return handle.read()  # type: ignore[attr-defined, no-any-return]

@@ -462,6 +462,28 @@ def test_killed_supervisor_leaves_jobs_named_for_the_cluster_that_down_cancels(
     assert state.load_record(record.name) is None
 
 
+def test_jobs_end_by_themselves_when_their_scheduler_is_gone(
+    slurm: S.Slurm, tmp_path: Path
+) -> None:
+    """The scheduler runs in the supervisor: SIGKILL it, and each job's worker must exit after
+    death_timeout, ending its job, with no clusterkit process left to cancel anything."""
+    import signal
+
+    import psutil
+
+    record = api.up(profile_file(tmp_path, "headless-jobs", workers=2, death_timeout="5s"))
+    assert len(job_ids_in_queue(slurm)) == 2
+    os.kill(record.pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(record.pid)], timeout=10)
+    started = time.monotonic()
+    while slurm.queue() and time.monotonic() - started < 90:
+        time.sleep(0.2)
+    took = time.monotonic() - started
+    assert slurm.queue() == [], f"jobs still queued {took:.0f}s after their scheduler died"
+    print(f"SLURM jobs ended {took:.1f}s after their scheduler died (death_timeout 5s)")
+    api.down(record.name)
+
+
 def test_project_directory_runs_in_place_on_the_shared_disk(slurm: S.Slurm, tmp_path: Path) -> None:
     """Jobs see the submitter's disk: detected per worker (same path, same digests), the
     example project runs in place and its second run resumes from the snapshot it wrote in
