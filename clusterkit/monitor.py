@@ -101,10 +101,14 @@ def stamp(line: str) -> float | None:
 
 
 def since_filter(lines: list[str], since: float | None) -> list[str]:
-    """Lines at or after ``since``; an unstamped line follows the stamped one before it."""
+    """Lines at or after ``since``. An unstamped line goes with the stamped line before it;
+    those before the first stamp (a batch job's prologue) with the first stamped line, and a
+    text with no stamp at all is kept whole: nothing says it is old."""
     if since is None:
         return lines
-    kept, keep = [], False
+    first = next((when for when in map(stamp, lines) if when is not None), None)
+    keep = first is None or first >= since - 1
+    kept = []
     for line in lines:
         when = stamp(line)
         if when is not None:

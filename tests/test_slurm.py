@@ -257,6 +257,8 @@ def test_logs_of_a_job_show_its_own_log_file(slurm: S.Slurm, tmp_path: Path) -> 
         assert f"prologue ran for {job}" in text  # before the worker existed
         assert "Starting Worker" in text or "Start worker" in text, text
         assert f"job {job}" in api.logs(record.name)  # every component, the jobs included
+        recent = "\n".join(api.logs(record.name, component=f"job {job}", since="10m")[f"job {job}"])
+        assert f"prologue ran for {job}" in recent  # unstamped, before the worker's first line
         with pytest.raises(BadInput, match=f"its jobs in the queue: {job}"):
             api.logs(record.name, component="job 999999")
         cli = [sys.executable, "-m", "clusterkit", "logs", record.name, "-c", f"job {job}"]
