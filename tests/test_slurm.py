@@ -269,6 +269,29 @@ def test_logs_of_a_job_show_its_own_log_file(slurm: S.Slurm, tmp_path: Path) -> 
         api.down(record.name)
 
 
+def test_logs_of_a_finished_job_without_a_log_directory(
+    slurm: S.Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No log_directory: the job wrote slurm-ID.out where `up` ran; once SLURM has forgotten
+    the job (MinJobAge), `logs -c 'job ID'` still finds that file."""
+    monkeypatch.chdir(tmp_path)
+    record = api.up(profile_file(tmp_path, "joblog-cwd", log_directory=None))
+    try:
+        (job,) = job_ids_in_queue(slurm)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / f"slurm-{job}.out").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        slurm.run("scancel", job)
+        deadline = time.monotonic() + 60
+        while slurm.run("scontrol", "show", "job", job).returncode == 0:
+            assert time.monotonic() < deadline, "SLURM still knows the job after 60 s"
+            time.sleep(0.5)
+        text = "\n".join(api.logs(record.name, component=f"job {job}")[f"job {job}"])
+        assert "dask" in text.lower() or "worker" in text.lower(), text
+    finally:
+        api.down(record.name)
+
+
 def test_rejected_job_script_gives_sbatch_stderr(slurm: S.Slurm, tmp_path: Path) -> None:
     with pytest.raises(ClusterStartError) as caught:
         api.up(profile_file(tmp_path, "badpart", queue="no-such-partition"))

@@ -92,6 +92,10 @@ class JobQueueBackend(Backend):
         """The stderr file of job ``job_id`` in the profile's log directory."""
         raise NotImplementedError
 
+    def default_log_in(self, directory: str, job_name: str, job_id: str) -> str:
+        """The stderr file of a job submitted from ``directory`` with no log directory set."""
+        return self.log_in(directory, job_name, job_id)
+
     def render(self, profile: JobQueueProfile, security: ClusterSecurity) -> str:
         """The job script each job runs, with the scheduler address left as a placeholder."""
         kwargs = self.job_options(profile, security, self.job_name(profile, profile.name, "<id>"))
@@ -140,6 +144,8 @@ class JobQueueBackend(Backend):
         return {
             "job_name": cluster.job_name,
             "log_directory": os.path.expanduser(directory) if directory else None,
+            # without a log directory, jobs write their log where they were submitted from
+            "submit_directory": os.getcwd(),
         }
 
     def component_logs(
@@ -173,8 +179,13 @@ class JobQueueBackend(Backend):
         return found
 
     def _log_path(self, extra: dict[str, Any], job_id: str) -> str | None:
-        directory = extra.get("log_directory")
-        guess = self.log_in(directory, extra["job_name"], job_id) if directory else None
+        """Where the batch system says (while it knows the job), else where it writes."""
+        directory, submitted = extra.get("log_directory"), extra.get("submit_directory")
+        guess = None
+        if directory:
+            guess = self.log_in(directory, extra["job_name"], job_id)
+        elif submitted:
+            guess = self.default_log_in(submitted, extra["job_name"], job_id)
         return self.QUEUE.stderr_path(job_id) or guess
 
     def teardown(self, record: ClusterRecord) -> None:
@@ -278,6 +289,9 @@ class SLURMBackend(JobQueueBackend):
 
     def log_in(self, directory: str, job_name: str, job_id: str) -> str:
         return os.path.join(directory, f"{job_name}-{job_id}.err")  # "#SBATCH -e {dir}/...-%J.err"
+
+    def default_log_in(self, directory: str, job_name: str, job_id: str) -> str:
+        return os.path.join(directory, f"slurm-{job_id}.out")  # sbatch's default, both streams
 
 
 class PBSBackend(JobQueueBackend):
