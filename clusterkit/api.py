@@ -7,6 +7,7 @@ How a cluster starts lives in ``lifecycle``; how processes are spawned and stopp
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from clusterkit.monitor import scheduler_identity
 from clusterkit.profiles import check_name, load_profile
 from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from clusterkit.schema import ProfileCommon
@@ -89,9 +92,20 @@ def up(
             return spawn.supervise(profile, name, state.cluster_dir(name), waiting)
         except BaseException:
             leftover = state.read_record(name)
+            if leftover is not None and leftover.starting:
+                _clean_up_claim(leftover)
             if leftover is None or leftover.starting:
                 state.remove_cluster(name)
             raise
+
+
+def _clean_up_claim(claim: ClusterRecord) -> None:
+    """A claim nobody withdrew: its supervisor died mid-start (a clean failure tears down and
+    withdraws). Remove what carries its identity; the start's own error is what the user sees."""
+    try:
+        get_backend(claim.backend).teardown(claim)
+    except Exception as error:
+        logger.warning("cleaning up after the failed start of '%s': %s", claim.name, error)
 
 
 def _up_detached(profile: ProfileCommon, name: str) -> ClusterRecord:
@@ -102,9 +116,13 @@ def _up_detached(profile: ProfileCommon, name: str) -> ClusterRecord:
     from clusterkit.lifecycle.start import Claim, start_cluster
 
     claim = Claim(profile, name)
-    started = start_cluster(
-        profile, name=name, security_dir=state.cluster_dir(name), on_created=claim.created
-    )
+    try:
+        started = start_cluster(
+            profile, name=name, security_dir=state.cluster_dir(name), claim=claim
+        )
+    except BaseException:
+        claim.withdraw()
+        raise
     try:
         record = started.record(pid=None)
         state.write_record(record)
@@ -134,7 +152,7 @@ def get_record(name: str) -> ClusterRecord:
         )
     if record.starting:
         raise ClusterNotFound(
-            f"cluster '{name}' is still starting (pid {record.owner})",
+            f"cluster '{name}' is still starting (pid {record.pid or record.owner})",
             hint=f"wait for it, or `clusterkit down {name}` to stop it",
         )
     return record
@@ -165,12 +183,13 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
             hint=f"ssh {record.host} clusterkit down {name}",
         )
     with state.lock(name):
-        if record.pid is None:
-            get_backend(record.backend).teardown(record)
-        else:
+        if record.pid is not None:
             from clusterkit.lifecycle.spawn import stop_supervisor
 
             stop_supervisor(record.pid, timeout)
+        # by its tags too: what the supervisor's own close could not reach (a dropped SSH
+        # connection, a job it never heard of) must not outlive `down`
+        get_backend(record.backend).teardown(record)
         state.remove_cluster(name)
 
 
@@ -196,7 +215,7 @@ def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
         elif record.elsewhere:  # its address may be the other host's loopback: not probed
             info = {"state": f"up on host {record.host}"}
         elif record.starting:
-            info = {"state": f"starting (pid {record.owner})"}
+            info = {"state": f"starting (pid {record.pid or record.owner})"}
         else:
             info = _summary(record)
         if record.owner is not None and info.get("state") == "up":

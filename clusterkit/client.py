@@ -106,7 +106,7 @@ def get_client(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) 
                 from clusterkit.errors import ClusterNotFound
 
                 raise ClusterNotFound(
-                    f"cluster '{name}' is still starting (pid {record.owner})",
+                    f"cluster '{name}' is still starting (pid {record.pid or record.owner})",
                     hint="call get_client again once its `clusterkit up` has finished",
                 )
             return connect(record, timeout=timeout)
@@ -142,9 +142,7 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
     remote = Capability.REMOTE in backend.CAPABILITIES
     claim = Claim(profile, name) if remote else None  # found by `ls` if this process dies
     try:
-        started = start_cluster(
-            profile, name=name, security_dir=directory, on_created=claim and claim.created
-        )
+        started = start_cluster(profile, name=name, security_dir=directory, claim=claim)
         try:
             client = Client(
                 started.cluster, security=started.security.distributed(), timeout=timeout

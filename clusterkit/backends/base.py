@@ -82,6 +82,13 @@ class Backend:
         """Pure: what would run (job script, commands per host, manifest)."""
         raise NotImplementedError
 
+    def identity(self, profile: Any, name: str) -> dict[str, Any]:
+        """The tags the cluster's resources will carry and where they will be, chosen before
+        anything exists: the claim record keeps them, so `down` can remove what a process
+        killed mid-start made. A backend that returns some receives them again as
+        ``create(..., identity=...)`` and must use them."""
+        return {}
+
     def create(self, profile: Any, security: ClusterSecurity, *, name: str) -> Cluster:
         """Start the cluster (importing its library here) and return the distributed object.
 
@@ -138,7 +145,9 @@ class Backend:
         )
 
     def teardown(self, record: ClusterRecord) -> None:
-        """``down`` of a DETACHED cluster: delete it by its identity, no supervisor needed."""
+        """Remove what carries the record's identity, no supervisor needed: ``down`` of a
+        DETACHED cluster, of a dead one, and after a supervisor stopped (what its own close
+        could not reach)."""
 
     def scale_record(self, record: ClusterRecord, n: int) -> None:
         """``scale`` of a DETACHED cluster."""

@@ -59,4 +59,7 @@ def down_by_pid_file(name: str, timeout: float) -> None:
         pid = state.supervisor_pid(name)
         if pid is not None:
             stop_supervisor(pid, timeout)
+        claim = state.read_record(name)  # a supervisor stopped mid-start: what it claimed
+        if claim is not None:
+            get_backend(claim.backend).teardown(claim)
         state.remove_cluster(name)

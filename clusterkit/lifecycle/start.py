@@ -100,12 +100,13 @@ class Started:
 
 
 class Claim:
-    """The record of a cluster this process starts outside itself (Kubernetes, or an embedded
-    cluster on other machines), written before anything is created there and owned by this
-    process. If the process dies mid-start, ``ls`` lists the cluster as dead and ``down`` tears
-    down what was made, by the name it was made under."""
+    """The record of a cluster this process starts outside itself (Kubernetes, other machines,
+    a batch system), written before anything is created there and owned by this process (a
+    supervisor's claim names it as the supervisor). If the process dies mid-start, ``ls`` lists
+    the cluster as dead and ``down`` tears down what was made, by the identity it was made
+    under."""
 
-    def __init__(self, profile: ProfileCommon, name: str) -> None:
+    def __init__(self, profile: ProfileCommon, name: str, *, supervisor: bool = False) -> None:
         self.profile = profile
         self.record = ClusterRecord(
             name=name,
@@ -115,12 +116,18 @@ class Claim:
             digest=profile.digest(),
             address="",
             dashboard=None,
-            pid=None,
+            pid=os.getpid() if supervisor else None,
             security={},
             min_workers=profile.min_workers,
-            owner=os.getpid(),
+            owner=None if supervisor else os.getpid(),
         )
         state.write_record(self.record)
+
+    def identified(self, identity: dict[str, Any]) -> None:
+        """The backend's identity of the cluster, chosen before anything is created."""
+        if identity:
+            self.record.extra = dict(identity)
+            state.write_record(self.record)
 
     def created(self, cluster: Any) -> None:
         """Add the backend's identity of the cluster (job name, tags) as soon as it exists."""
@@ -129,10 +136,11 @@ class Claim:
         state.write_record(self.record)
 
     def withdraw(self) -> None:
-        """After a start that failed (and tore down what it made): drop the claim."""
+        """After a start that failed and tore down what it made: drop the claim (only the
+        record: the cluster's directory holds the log that explains the failure)."""
         current = state.read_record(self.record.name)
-        if current is None or current.starting:
-            state.remove_cluster(self.record.name)
+        if current is not None and current.starting:
+            state.record_path(self.record.name).unlink(missing_ok=True)
 
 
 def wait_for_workers(cluster: Any, minimum: int, deadline: float) -> None:
@@ -163,23 +171,27 @@ def start_cluster(
     *,
     name: str,
     security_dir: Path | None,
-    on_created: Any = None,
+    claim: Claim | None = None,
 ) -> Started:
     """Prepare security, create the cluster, wait for its minimum workers, start adapting.
 
     On any failure, the backend's evidence is collected (its first line joins the message),
-    everything that started is torn down, and ClusterStartError is raised. ``on_created`` is
-    called with the cluster object as soon as it exists (the supervisor records its identity).
+    everything that started is torn down, and ClusterStartError is raised. A ``claim`` gets
+    the backend's identity of the cluster before it is created and once it exists.
     """
     backend = backend_for(profile)
     security = prepare(profile, security_dir, security_hostnames(profile))
     security.apply_env()
     deadline = time.monotonic() + profile.start_timeout
-    cluster = backend.create(profile, security, name=name)
+    identity = backend.identity(profile, name)
+    if claim is not None:
+        claim.identified(identity)
+    chosen = {"identity": identity} if identity else {}  # backends without one take no such arg
+    cluster = backend.create(profile, security, name=name, **chosen)
     started = Started(name, profile, backend, security, cluster)
     try:
-        if on_created is not None:
-            on_created(cluster)
+        if claim is not None:
+            claim.created(cluster)
         wait_for_workers(cluster, profile.min_workers, deadline)
         adapt = profile.adapt_spec
         if adapt is not None:

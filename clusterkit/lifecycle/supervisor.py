@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from clusterkit import state
+from clusterkit.backends.base import Capability, backend_for
 from clusterkit.errors import ClusterkitError
 from clusterkit.lifecycle import control
-from clusterkit.lifecycle.start import Started, start_cluster
+from clusterkit.lifecycle.start import Claim, Started, start_cluster
 from clusterkit.schema import ProfileCommon
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,16 @@ class Supervisor:
         self.stopping = threading.Event()
 
     def start(self) -> state.ClusterRecord:
-        self.started = start_cluster(self.profile, name=self.name, security_dir=self.directory)
+        remote = Capability.REMOTE in backend_for(self.profile).CAPABILITIES
+        claim = Claim(self.profile, self.name, supervisor=True) if remote else None
+        try:
+            self.started = start_cluster(
+                self.profile, name=self.name, security_dir=self.directory, claim=claim
+            )
+        except BaseException:
+            if claim is not None:  # torn down already; a claim left means this process died
+                claim.withdraw()
+            raise
         socket = state.control_socket(self.name)
         record = self.started.record(pid=os.getpid(), control=str(socket))
         state.write_record(record)

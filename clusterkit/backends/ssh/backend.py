@@ -50,13 +50,13 @@ def render(profile: SSHProfile, security: ClusterSecurity) -> str:
     return "\n".join(lines) + "\n"
 
 
-def create_cluster(profile: SSHProfile, security: ClusterSecurity, name: str) -> SpecCluster:
-    """Start the scheduler and workers over SSH; on failure, leave nothing behind and say where."""
+def create_cluster(profile: SSHProfile, security: ClusterSecurity, cluster_id: str) -> SpecCluster:
+    """Start the scheduler and workers over SSH, each process and folder tagged ``cluster_id``;
+    on failure, leave nothing behind and say where."""
     from clusterkit.backends.ssh.cluster import ClusterkitSSHCluster, StartLog
 
     start_log = StartLog(deadline=time.monotonic() + profile.start_timeout)
     plan = ssh_spec.plan(profile, security, timeout=profile.start_timeout)
-    cluster_id = f"{name}-{uuid.uuid4().hex[:8]}"  # every remote process and folder carries it
     plan.env[ssh_spec.MARKER_VAR] = cluster_id
     try:
         if security.tls:
@@ -118,8 +118,25 @@ class SSHBackend(Backend):
     def render(self, profile: SSHProfile, security: ClusterSecurity) -> str:
         return render(profile, security)
 
-    def create(self, profile: SSHProfile, security: ClusterSecurity, *, name: str) -> SpecCluster:
-        return create_cluster(profile, security, name)
+    def identity(self, profile: SSHProfile, name: str) -> dict[str, Any]:
+        """The tag every remote process and folder will carry, and how to reach the hosts."""
+        hosts = list(dict.fromkeys([ssh_spec.scheduler_host(profile), *profile.hosts]))
+        return {
+            "cluster_id": f"{name}-{uuid.uuid4().hex[:8]}",
+            "hosts": hosts,
+            "ssh": ssh_spec.connect_options(profile, quiet=True),
+        }
+
+    def create(
+        self,
+        profile: SSHProfile,
+        security: ClusterSecurity,
+        *,
+        name: str,
+        identity: dict[str, Any] | None = None,
+    ) -> SpecCluster:
+        cluster_id = (identity or self.identity(profile, name))["cluster_id"]
+        return create_cluster(profile, security, cluster_id)
 
     def evidence(self, cluster: Any, profile: SSHProfile) -> list[str]:
         """Remote stderr tails captured while the cluster started."""

@@ -110,19 +110,23 @@ def bind_address(host: str) -> str | None:
         return None
 
 
-def connect_options(profile: SSHProfile, timeout: float | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``asyncssh.connect``: strict host keys unless turned off."""
+def connect_options(
+    profile: SSHProfile, timeout: float | None = None, quiet: bool = False
+) -> dict[str, Any]:
+    """Keyword arguments for ``asyncssh.connect``: strict host keys unless turned off (said
+    once per start: ``quiet`` for the other calls)."""
     opts: dict[str, Any] = {"port": profile.port}
     if profile.user:
         opts["username"] = profile.user
     if profile.identity_files:
         opts["client_keys"] = [os.path.expanduser(p) for p in profile.identity_files]
     if not profile.strict_host_keys:
-        logger.warning(
-            "profile '%s': strict_host_keys is false, SSH host keys are NOT verified "
-            "(a man in the middle could run the cluster)",
-            profile.name,
-        )
+        if not quiet:
+            logger.warning(
+                "profile '%s': strict_host_keys is false, SSH host keys are NOT verified "
+                "(a man in the middle could run the cluster)",
+                profile.name,
+            )
         opts["known_hosts"] = None
     elif profile.known_hosts:
         opts["known_hosts"] = os.path.expanduser(profile.known_hosts)
