@@ -370,6 +370,50 @@ def test_killed_supervisor_leaves_remote_processes_that_down_reaps(lab: Lab) -> 
     assert state.load_record(name) is None
 
 
+def test_supervisor_killed_mid_start_leaves_no_remote_process(lab: Lab, tmp_path: Path) -> None:
+    """SIGKILL of the supervisor once the remote scheduler runs, before the cluster is up: the
+    claim written before anything started names the remote tag, so nothing outlives `up`'s
+    failure and `down`. (It left the remote scheduler running: found by bench/chaos.py.)"""
+    import signal
+
+    import yaml
+
+    from clusterkit import api, state
+
+    name = f"ssh-mid-{uuid.uuid4().hex[:6]}"
+    profile = tmp_path / "mid.yaml"
+    data = lab.profile(name, workers_per_host=1).model_dump(mode="json")
+    profile.write_text(yaml.safe_dump({**data, "start_timeout": 60}))
+    up = subprocess.Popen(
+        [sys.executable, "-m", "clusterkit", "up", str(profile), "--name", name],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any("distributed.Scheduler" in cmd
+                      for cmd in S.remote_processes([lab.server]).values()):
+            assert up.poll() is None and time.monotonic() < deadline, "no remote scheduler"
+            time.sleep(0.02)
+        claim = state.read_record(name)
+        assert claim is not None and claim.starting, "no claim before the cluster was up"
+        assert claim.extra["cluster_id"].startswith(f"{name}-")
+        supervisor = state.supervisor_pid(name)
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        _, err = up.communicate(timeout=120)
+        assert up.returncode != 0, err
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    subprocess.run([sys.executable, "-m", "clusterkit", "down", name], capture_output=True,
+                   timeout=120)
+    left = S.wait_no_remote_processes([lab.server])
+    S.kill_all(left)
+    assert left == {}, f"remote processes left running: {left}"
+    assert api.list_clusters() == []
+
+
 def test_doctor_names_a_missing_key_file(lab: Lab) -> None:
     checks = SSH.doctor(lab.profile(identity_files=["/nonexistent/id_ed25519"]), tcp())
     assert not checks[0].ok and "/nonexistent/id_ed25519" in checks[0].detail
