@@ -315,6 +315,39 @@ def test_pending_at_start_timeout_gives_reason_and_cancels(
     assert slurm.empty_queue(timeout=0) == [], "jobs of a failed start were not cancelled"
 
 
+def test_supervisor_killed_while_jobs_pend_leaves_no_job(slurm: S.Slurm, tmp_path: Path) -> None:
+    """A job still pending has no worker to notice its scheduler is gone: killed mid-start, the
+    supervisor's claim (written before any submission, with the job name) lets `down` cancel
+    it."""
+    import signal
+    import subprocess
+    import sys
+
+    from clusterkit import state
+
+    path = profile_file(tmp_path, "pend-kill", job_extra=["--begin=now+3600"], start_timeout=60)
+    cli = [sys.executable, "-m", "clusterkit"]
+    up = subprocess.Popen([*cli, "up", str(path), "--name", "pend-kill"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not job_ids_in_queue(slurm):
+            assert up.poll() is None and time.monotonic() < deadline, "no job was submitted"
+            time.sleep(0.05)
+        claim = state.read_record("pend-kill")
+        assert claim is not None and claim.starting
+        assert claim.extra["job_name"].startswith("ck-pend-kill-")
+        os.kill(claim.pid or 0, signal.SIGKILL)
+        up.wait(60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    subprocess.run([*cli, "down", "pend-kill"], capture_output=True, timeout=120)
+    assert slurm.queue() == [], "a pending job outlived its cluster"
+    assert state.read_record("pend-kill") is None
+
+
 def test_pending_reason_in_status(slurm: S.Slurm, tmp_path: Path) -> None:
     profile = model(tmp_path, "held", workers=1, job_extra=["--hold"])
     cluster: Any = SLURM.create(profile, ClusterSecurity(), name=profile.name)

@@ -37,6 +37,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _log_places(profile: JobQueueProfile) -> dict[str, Any]:
+    """Where the jobs' logs go: the profile's log directory or, without one, the directory
+    they were submitted from."""
+    directory = profile.log_directory
+    return {
+        "log_directory": os.path.expanduser(directory) if directory else None,
+        "submit_directory": os.getcwd(),
+    }
+
+
 def _unique() -> str:
     """A short id that tells two clusters of the same name apart in the queue."""
     import uuid
@@ -109,13 +119,25 @@ class JobQueueBackend(Backend):
         )
         return str(job.job_script())
 
-    def create(self, profile: JobQueueProfile, security: ClusterSecurity, *, name: str) -> Cluster:
+    def identity(self, profile: JobQueueProfile, name: str) -> dict[str, Any]:
+        """The name every job of the cluster carries, chosen before any is submitted."""
+        return {"job_name": self.job_name(profile, name, _unique()), **_log_places(profile)}
+
+    def create(
+        self,
+        profile: JobQueueProfile,
+        security: ClusterSecurity,
+        *,
+        name: str,
+        identity: dict[str, Any] | None = None,
+    ) -> Cluster:
         """Start the scheduler here and submit jobs for the profile's workers.
 
         A job script the batch system rejects raises ClusterStartError with its stderr; the
         scheduler is closed first.
         """
-        kwargs = self.job_options(profile, security, self.job_name(profile, name, _unique()))
+        job_name = (identity or self.identity(profile, name))["job_name"]
+        kwargs = self.job_options(profile, security, job_name)
         interface, protocol, sec = (kwargs.pop(k) for k in ("interface", "protocol", "security"))
         try:
             cluster = self.cluster_class()(
@@ -140,13 +162,7 @@ class JobQueueBackend(Backend):
         return cluster
 
     def record_extra(self, cluster: Any, profile: JobQueueProfile) -> dict[str, Any]:
-        directory = profile.log_directory
-        return {
-            "job_name": cluster.job_name,
-            "log_directory": os.path.expanduser(directory) if directory else None,
-            # without a log directory, jobs write their log where they were submitted from
-            "submit_directory": os.getcwd(),
-        }
+        return {"job_name": cluster.job_name, **_log_places(profile)}
 
     def component_logs(
         self, record: ClusterRecord, component: str | None, lines: int
