@@ -7,7 +7,6 @@ How a cluster starts lives in ``lifecycle``; how processes are spawned and stopp
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,8 +20,6 @@ from clusterkit.monitor import scheduler_identity
 from clusterkit.profiles import check_name, load_profile
 from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
-
-logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from clusterkit.schema import ProfileCommon
@@ -93,19 +90,10 @@ def up(
         except BaseException:
             leftover = state.read_record(name)
             if leftover is not None and leftover.starting:
-                _clean_up_claim(leftover)
+                reap.unclaimed(leftover)
             if leftover is None or leftover.starting:
                 state.remove_cluster(name)
             raise
-
-
-def _clean_up_claim(claim: ClusterRecord) -> None:
-    """A claim nobody withdrew: its supervisor died mid-start (a clean failure tears down and
-    withdraws). Remove what carries its identity; the start's own error is what the user sees."""
-    try:
-        get_backend(claim.backend).teardown(claim)
-    except Exception as error:
-        logger.warning("cleaning up after the failed start of '%s': %s", claim.name, error)
 
 
 def _up_detached(profile: ProfileCommon, name: str) -> ClusterRecord:

@@ -181,3 +181,11 @@ def gpu_skip_reason() -> str | None:
     except pynvml.NVMLError as error:
         return f"no GPU: NVML says {error}"
     return None if count else "no GPU: NVML sees 0 devices"
+
+
+@pytest.fixture(scope="session")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The Kubernetes harness (tests/k8s), one for the whole session (see run_harness)."""
+    from tests.test_kubernetes import run_harness
+
+    yield from run_harness(tmp_path_factory)

@@ -58,8 +58,10 @@ class Harness:
         return path.read_text()[-3000:] if path.exists() else ""
 
 
-@pytest.fixture(scope="module")
-def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+def run_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """The emulator, the operator and the kubelet shim, with KUBECONFIG pointing at them. One
+    per session (the ``k8s`` fixture in conftest): clients cache the configuration they
+    loaded, so a second harness on another port would be unreachable to them."""
     directory = tmp_path_factory.mktemp("k8s")
     log = open(directory / "harness.out", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(

@@ -3,10 +3,14 @@ and rewriting an unreadable record from what its supervisor knows."""
 
 from __future__ import annotations
 
+import logging
+
 from clusterkit import state
 from clusterkit.backends.base import get_backend
 from clusterkit.errors import ClusterkitError
 from clusterkit.state import ClusterRecord
+
+logger = logging.getLogger(__name__)
 
 
 def recovered(unreadable: state.Unreadable) -> ClusterRecord:
@@ -28,6 +32,15 @@ def recovered(unreadable: state.Unreadable) -> ClusterRecord:
         ) from None
     state.write_record(record)
     return record
+
+
+def unclaimed(claim: ClusterRecord) -> None:
+    """A claim nobody withdrew: its process died mid-start (a clean failure tears down and
+    withdraws). Remove what carries its identity; the start's own error is what the user sees."""
+    try:
+        get_backend(claim.backend).teardown(claim)
+    except Exception as error:
+        logger.warning("cleaning up after the failed start of '%s': %s", claim.name, error)
 
 
 def reap(record: ClusterRecord) -> None:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
 def _cluster_class() -> type:
     from dask_kubernetes.operator import KubeCluster
-    from distributed.core import rpc
 
     class SecureKubeCluster(KubeCluster):  # type: ignore[misc]
         """KubeCluster whose scheduler address and comms honour the cluster's security."""
@@ -50,7 +49,7 @@ def _cluster_class() -> type:
             connecting = (
                 super()._connect_cluster()
                 if self._ck_security.scheme == "tcp"
-                else self._connect_tls()
+                else _connect_tls(self)
             )
             try:
                 await asyncio.wait_for(connecting, self._ck_timeout)
@@ -60,37 +59,39 @@ def _cluster_class() -> type:
                     f"within {self._ck_timeout:.0f}s"
                 ) from None
 
-        async def _connect_tls(self) -> None:
-            # The library's version with TLS-aware comms (its helper opens plain rpcs).
-            from dask_kubernetes.operator.kubecluster.kubecluster import (
-                wait_for_scheduler,
-                wait_for_service,
-            )
-            from dask_kubernetes.operator.networking import get_scheduler_address
-
-            if self.shutdown_on_close is None:  # type: ignore[has-type]
-                self.shutdown_on_close = False
-            await wait_for_scheduler(self.name, self.namespace, timeout=self._resource_timeout)
-            await wait_for_service(f"{self.name}-scheduler", self.namespace)
-            address = await self._get_scheduler_address()
-            args = self._connection_args()
-            while True:
-                try:
-                    async with rpc(address, connection_args=args) as comm:
-                        await comm.versions()
-                    break
-                except OSError:
-                    await asyncio.sleep(0.1)
-            self.scheduler_comm = rpc(address, connection_args=args)
-            dashboard = await get_scheduler_address(
-                f"{self.name}-scheduler",
-                self.namespace,
-                port_name="http-dashboard",
-                port_forward_cluster_ip=self.port_forward_cluster_ip,
-            )
-            self.forwarded_dashboard_port = dashboard.split(":")[-1]
-
     return SecureKubeCluster
+
+
+async def _connect_tls(cluster: Any) -> None:
+    """KubeCluster's connect with TLS-aware comms (the library's helper opens plain rpcs)."""
+    from dask_kubernetes.operator.kubecluster.kubecluster import (
+        wait_for_scheduler,
+        wait_for_service,
+    )
+    from dask_kubernetes.operator.networking import get_scheduler_address
+    from distributed.core import rpc
+
+    if cluster.shutdown_on_close is None:
+        cluster.shutdown_on_close = False
+    await wait_for_scheduler(cluster.name, cluster.namespace, timeout=cluster._resource_timeout)
+    await wait_for_service(f"{cluster.name}-scheduler", cluster.namespace)
+    address = await cluster._get_scheduler_address()
+    args = cluster._connection_args()
+    while True:
+        try:
+            async with rpc(address, connection_args=args) as comm:
+                await comm.versions()
+            break
+        except OSError:
+            await asyncio.sleep(0.1)
+    cluster.scheduler_comm = rpc(address, connection_args=args)
+    dashboard = await get_scheduler_address(
+        f"{cluster.name}-scheduler",
+        cluster.namespace,
+        port_name="http-dashboard",
+        port_forward_cluster_ip=cluster.port_forward_cluster_ip,
+    )
+    cluster.forwarded_dashboard_port = dashboard.split(":")[-1]
 
 
 def connect(name: str, namespace: str, security: ClusterSecurity, timeout: float) -> Any:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit.runners.hpo import inputs, report
 from clusterkit.runners.hpo.dispatch import check_resources, slots
-from clusterkit.runners.hpo.loop import drive
+from clusterkit.runners.hpo.loop import SearchLoop
 from clusterkit.runners.hpo.records import best_summary as best_summary
 
 if TYPE_CHECKING:
@@ -99,3 +99,34 @@ def _default_client() -> Client:
     from clusterkit.client import get_client
 
     return get_client()
+
+
+def drive(
+    study: optuna.Study,
+    client: Client,
+    objective: Any,
+    n_trials: int,
+    resources: Mapping[str, float] | None,
+    max_retries: int,
+    catch: tuple[type[BaseException], ...],
+    timeout: float | None,
+    progress: bool,
+) -> SearchLoop:
+    """Run the loop to its end with the progress display, if asked for, open around it."""
+    import cloudpickle
+
+    from clusterkit.runners.hpo.report import ProgressDisplay
+
+    display = ProgressDisplay(n_trials) if progress else None
+    blob = cloudpickle.dumps(objective)
+    search = SearchLoop(
+        study, client, blob, n_trials, resources, max_retries, catch, timeout, display
+    )
+    try:
+        search.loop()
+    finally:
+        if display is not None:
+            display.close()
+        if hasattr(objective, "warnings_summary"):  # each warning once, with a count
+            objective.warnings_summary("trials")
+    return search

@@ -387,34 +387,3 @@ class SearchLoop:
         if self.display is not None:
             busy = len({a.workers[-1] for a in self.inflight.values() if a.workers})
             self.display.update(self.study, len(self.inflight), busy, self.n_trials)
-
-
-def drive(
-    study: optuna.Study,
-    client: Client,
-    objective: Any,
-    n_trials: int,
-    resources: Mapping[str, float] | None,
-    max_retries: int,
-    catch: tuple[type[BaseException], ...],
-    timeout: float | None,
-    progress: bool,
-) -> SearchLoop:
-    """Run the loop to its end with the progress display, if asked for, open around it."""
-    import cloudpickle
-
-    from clusterkit.runners.hpo.report import ProgressDisplay
-
-    display = ProgressDisplay(n_trials) if progress else None
-    blob = cloudpickle.dumps(objective)
-    search = SearchLoop(
-        study, client, blob, n_trials, resources, max_retries, catch, timeout, display
-    )
-    try:
-        search.loop()
-    finally:
-        if display is not None:
-            display.close()
-        if hasattr(objective, "warnings_summary"):  # each warning once, with a count
-            objective.warnings_summary("trials")
-    return search
