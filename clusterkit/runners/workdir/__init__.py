@@ -46,8 +46,7 @@ AUTO = "auto"
 _enter_lock = threading.Lock()
 _entered: dict[str, int] = {}  # directory -> trials/ranks inside it now (threads share a cwd)
 _saved_cwd: list[str] = []
-_last_digest: dict[str, str] = {}
-_last_files: dict[str, set[str]] = {}  # directory -> the project's files at that digest
+_last_project: dict[str, Project] = {}  # directory -> the version of it entered last
 
 
 def _module_file(fn: Callable[..., Any]) -> str | None:
@@ -133,12 +132,11 @@ def _purge_stale_modules(directory: str, project: Project) -> None:
     Only the project's own files count: a virtual environment or anything else ignored under
     the directory (``.venv/.../numpy``) is not the project, and forgetting those modules
     breaks the worker (an extension module cannot be loaded twice)."""
-    files = {f.path for f in project.files}
-    previous = _last_digest.get(directory)
-    stale = _last_files.get(directory, set()) | files
-    _last_digest[directory], _last_files[directory] = project.digest, files
-    if previous in (None, project.digest):
-        return
+    previous = _last_project.get(directory)
+    _last_project[directory] = project
+    if previous is None or previous.digest == project.digest:
+        return  # the common case, every trial: no file lists built
+    stale = {f.path for f in previous.files} | {f.path for f in project.files}
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if path and _relative(path, directory) in stale:
