@@ -182,10 +182,3 @@ def gpu_skip_reason() -> str | None:
         return f"no GPU: NVML says {error}"
     return None if count else "no GPU: NVML sees 0 devices"
 
-
-@pytest.fixture(scope="session")
-def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """The Kubernetes harness (tests/k8s), one for the whole session (see run_harness)."""
-    from tests.test_kubernetes import run_harness
-
-    yield from run_harness(tmp_path_factory)

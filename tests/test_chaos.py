@@ -30,7 +30,7 @@ import pytest
 from clusterkit import state
 from tests import slurm as SLURM
 from tests import sshd as SSHD
-from tests.test_kubernetes import Harness, clean, write_profile  # noqa: F401 - fixtures
+from tests.test_kubernetes import Harness, clean, k8s, write_profile  # noqa: F401 - fixtures
 from tests.test_slurm import empty_queue_after, slurm  # noqa: F401 - fixtures
 from tests.test_ssh import Lab, lab, no_remote_leftovers  # noqa: F401 - fixtures
 

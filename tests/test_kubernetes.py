@@ -58,10 +58,19 @@ class Harness:
         return path.read_text()[-3000:] if path.exists() else ""
 
 
-def run_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    """The emulator, the operator and the kubelet shim, with KUBECONFIG pointing at them. One
-    per session (the ``k8s`` fixture in conftest): clients cache the configuration they
-    loaded, so a second harness on another port would be unreachable to them."""
+def forget_cached_kubernetes_apis() -> None:
+    """kr8s keeps one API object per thread and event loop, with the configuration it first
+    loaded: a later module's harness on another port would be unreachable through it."""
+    import kr8s.asyncio
+
+    kr8s.asyncio.Api._instances.clear()  # shared by the sync Api
+
+
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """The emulator, the operator and the kubelet shim, with KUBECONFIG pointing at them; a
+    fresh one per module (shared with the chaos tier's cases, worker pods of a 20 s start
+    timeout were not created in time in the full CI run)."""
     directory = tmp_path_factory.mktemp("k8s")
     log = open(directory / "harness.out", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
@@ -81,6 +90,7 @@ def run_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
                 pytest.fail(f"emulator harness did not start:\n{output}")
             time.sleep(0.1)
         os.environ["KUBECONFIG"] = str(directory / "kubeconfig")
+        forget_cached_kubernetes_apis()
         harness = Harness(directory, int((directory / "ready").read_text()))
         yield harness
     finally:
@@ -88,6 +98,7 @@ def run_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
             os.environ.pop("KUBECONFIG", None)
         else:
             os.environ["KUBECONFIG"] = old
+        forget_cached_kubernetes_apis()
         process.terminate()
         try:
             process.wait(30)
