@@ -165,7 +165,7 @@ class SearchLoop:
             self.log.resize(self._slots_value)
             self._fill()
             self._report()
-            while self.inflight:
+            while self.inflight or self.futures:  # done: every task's completion was heard
                 try:
                     kind, item = self.inbox.get(timeout=REPORT_EVERY if self._dirty else 1.0)
                 except queue.Empty:
@@ -206,9 +206,9 @@ class SearchLoop:
     def _recheck(self) -> None:
         """Idle for a second: look at the futures directly, so no lost notice stalls the search
         (a future handled twice is ignored the second time)."""
-        for attempt in list(self.inflight.values()):
-            if attempt.future.done():
-                self.inbox.put(("done", attempt.future.key))
+        for key, (_, future) in list(self.futures.items()):
+            if future.done():
+                self.inbox.put(("done", key))
 
     def _watchdog(self) -> None:
         """Nothing heard for STALL_AFTER seconds with trials in flight: log, once per quiet
@@ -332,11 +332,13 @@ class SearchLoop:
         )
 
     def _complete(self, attempt: Attempt, record: dict[str, Any]) -> None:
-        # Free the slot and dispatch before the (storage-bound) bookkeeping of this result.
+        """Count the trial and record it. Its slot is filled when its task's own completion
+        notice comes: a result event comes first, before the scheduler has seen the task end,
+        and a trial submitted then was at times placed on a busy worker (it waited there for a
+        whole trial, till work stealing moved it). Its record is meanwhile in the study, so the
+        next task's delta carries it."""
         self.inflight.pop(attempt.number, None)
-        self.futures.pop(attempt.future.key, None)  # its record is here: release the result
         self.done += 1
-        self._fill()
         self._record(attempt, record)
 
     def _fail_lost(self, attempt: Attempt, why: str) -> None:
