@@ -59,7 +59,7 @@ HPO_DRIVER = textwrap.dedent("""
         return x * x
 
     name, storage, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    study = hpo.run(objective, n_trials=n, client=get_client(name, timeout=10), storage=storage,
+    study = hpo.run(objective, n_trials=n, client=get_client(name, timeout=30), storage=storage,
                     study_name="chaos", progress=False)
     print(len(study.trials))
 """)
