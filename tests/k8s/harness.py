@@ -1,7 +1,8 @@
 """The emulated cluster process: API emulator + kubelet shim + the real operator.
 
 Run as ``python -m k8s.harness DIR`` (with tests/ on PYTHONPATH). It writes DIR/kubeconfig once
-everything is up and stops every process it started on SIGTERM.
+everything is up and stops every process it started on SIGTERM, or when the process that
+started it is gone.
 """
 
 from __future__ import annotations
@@ -21,12 +22,22 @@ from .kubelet import Kubelet
 from .operator import patch_cluster_dns, run_operator
 
 
+async def stop_when_orphaned(stop: asyncio.Event) -> None:
+    """A test run killed without its teardown must not leave the harness and its pods running."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    logging.getLogger("harness").warning("the test run that started the harness is gone")
+    stop.set()
+
+
 async def main(directory: Path) -> None:
     emulator = Emulator()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    orphan_watch = asyncio.create_task(stop_when_orphaned(stop))
     async with emulator, kmock.Server(emulator) as server:
         config = directory / "kubeconfig"
         tmp = directory / "kubeconfig.tmp"
@@ -46,6 +57,7 @@ async def main(directory: Path) -> None:
             [asyncio.create_task(stop.wait()), operator_task], return_when=asyncio.FIRST_COMPLETED
         )
         stop.set()
+        orphan_watch.cancel()
         kubelet_task.cancel()
         await kubelet.stop()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
