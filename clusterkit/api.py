@@ -35,12 +35,7 @@ def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
     check_capabilities(backend, profile)
     security = ClusterSecurity(protocol=profile.protocol)
     if profile.protocol == "tls":
-        security = ClusterSecurity(
-            protocol="tls",
-            ca_file="<cluster-dir>/ca.pem",
-            cert_file="<cluster-dir>/cert.pem",
-            key_file="<cluster-dir>/key.pem",
-        )
+        security = ClusterSecurity.in_directory("<cluster-dir>")
     elif profile.protocol == "ucx":
         security = prepare(profile, None)
     return backend.render(profile, security)

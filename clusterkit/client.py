@@ -129,17 +129,15 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
     from clusterkit.backends.base import Capability, backend_for
     from clusterkit.lifecycle.start import Claim, start_cluster
     from clusterkit.profiles import load_profile
-    from clusterkit.security import prepare
+    from clusterkit.security import exposure, prepare
 
     profile = load_profile(profile_ref)
     backend = backend_for(profile)
     if Capability.ATTACH_ONLY in backend.CAPABILITIES:  # nothing to start, only attach
         return None, backend.connect(profile, prepare(profile, None), timeout=timeout)
-    directory = None
-    if profile.protocol == "tls":
-        directory = Path(tempfile.mkdtemp(prefix="clusterkit-tls-"))
     name = f"{profile.name}-{os.getpid()}"
     remote = Capability.REMOTE in backend.CAPABILITIES
+    directory = _certificate_dir(name, remote) if profile.protocol == "tls" else None
     claim = Claim(profile, name) if remote else None  # found by `ls` if this process dies
     try:
         started = start_cluster(profile, name=name, security_dir=directory, claim=claim)
@@ -157,6 +155,9 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
             claim.withdraw()
         raise
     _own(client, started, directory)
+    notice = exposure(profile.protocol, started.address)
+    if notice:
+        logger.warning("%s", notice)
     if remote:
         _record_embedded(client, started)
         logger.warning(
@@ -169,6 +170,16 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
             profile.name,
         )
     return started.cluster, client
+
+
+def _certificate_dir(name: str, remote: bool) -> Path:
+    """A private directory for an embedded cluster's certificates: a fresh temporary one, or,
+    for workers on other machines, one in the state directory (which those machines share)."""
+    if not remote:
+        return Path(tempfile.mkdtemp(prefix="clusterkit-tls-"))
+    from clusterkit import state
+
+    return state.cluster_dir(name) / "tls"
 
 
 def _own(client: Client, started: Any, directory: Path | None) -> None:

@@ -139,3 +139,25 @@ def follow(fetch: Any, interval: float = 1.0) -> Iterator[tuple[str, str]]:
                 yield component, line
             seen[component] = lines
         time.sleep(interval)
+
+
+def dashboard_tunnel(record: Any) -> tuple[str, str] | None:
+    """For a dashboard this machine cannot open directly: (the command that opens a tunnel to
+    it, the link to use then). None when the recorded link works from here."""
+    from urllib.parse import urlsplit
+
+    from clusterkit.security import is_loopback
+    from clusterkit.state import HOST
+
+    link = urlsplit(record.dashboard)
+    port = link.port or 8787
+    local = f"http://localhost:{port}{link.path or '/status'}"
+    if record.backend == "kubernetes":
+        namespace, service = record.extra.get("namespace"), record.extra.get("name")
+        if namespace and service:
+            forward = f"kubectl port-forward -n {namespace} service/{service}-scheduler"
+            return f"{forward} {port}:8787", local
+        return None
+    if record.host != HOST and is_loopback(link.hostname or ""):
+        return f"ssh -N -L {port}:127.0.0.1:{port} {record.host}", local
+    return None

@@ -25,6 +25,18 @@ UCX_TLS_GPU = "tcp,cuda_copy,cuda_ipc"
 
 CERT_VALIDITY = dt.timedelta(days=30)
 
+#: Certificate and key file of each party, in a cluster's certificate directory. The client's
+#: pair keeps the names ``$CLUSTERKIT_SECURITY`` has always meant (ca.pem, cert.pem, key.pem).
+CA_NAME = "ca.pem"
+ROLE_FILES = {
+    "client": ("cert.pem", "key.pem"),
+    "scheduler": ("scheduler-cert.pem", "scheduler-key.pem"),
+    "worker": ("worker-cert.pem", "worker-key.pem"),
+}
+#: What the cluster's own processes need (never the client's key): uploaded to SSH hosts,
+#: put in a Kubernetes Secret.
+SERVER_NAMES = (CA_NAME, *ROLE_FILES["scheduler"], *ROLE_FILES["worker"])
+
 
 @dataclass
 class ClusterSecurity:
@@ -32,9 +44,12 @@ class ClusterSecurity:
 
     protocol: str = "tcp"
     ca_file: str | None = None
+    #: the client's certificate and key (what ``get_client(NAME)`` presents)
     cert_file: str | None = None
     key_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: scheduler's and workers' own [certificate, key]; absent: they use the client's pair
+    roles: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def scheme(self) -> str:
@@ -44,22 +59,32 @@ class ClusterSecurity:
     def tls(self) -> bool:
         return self.protocol == "tls"
 
+    def pair(self, role: str) -> tuple[str | None, str | None]:
+        """The certificate and key that ``role`` (client, scheduler, worker) presents."""
+        cert, key = self.roles.get(role) or (self.cert_file, self.key_file)
+        return cert, key
+
     def distributed(self) -> Security | None:
         """A ``distributed.Security`` requiring encryption, or None for plain protocols."""
         if not self.tls:
             return None
         from distributed import Security
 
-        return Security(
-            tls_ca_file=self.ca_file,
-            tls_client_cert=self.cert_file,
-            tls_client_key=self.key_file,
-            tls_scheduler_cert=self.cert_file,
-            tls_scheduler_key=self.key_file,
-            tls_worker_cert=self.cert_file,
-            tls_worker_key=self.key_file,
-            require_encryption=True,
-        )
+        files = {}
+        for role in ROLE_FILES:
+            files[f"tls_{role}_cert"], files[f"tls_{role}_key"] = self.pair(role)
+        return Security(tls_ca_file=self.ca_file, require_encryption=True, **files)
+
+    def client_only(self) -> ClusterSecurity:
+        """The same security as a client sees it: no scheduler or worker keys."""
+        return ClusterSecurity(self.protocol, self.ca_file, self.cert_file, self.key_file, self.env)
+
+    def server_files(self) -> list[tuple[str, str]]:
+        """(name, local path) of what the cluster's own processes need: CA, scheduler, worker."""
+        named = [(CA_NAME, self.ca_file)]
+        for role in ("scheduler", "worker"):
+            named += zip(ROLE_FILES[role], self.pair(role), strict=True)
+        return [(name, path) for name, path in named if path]
 
     def apply_env(self) -> None:
         """Put the protocol's environment into this process (UCX reads it at init)."""
@@ -67,7 +92,8 @@ class ClusterSecurity:
             os.environ.setdefault(key, value)
 
     def files(self) -> list[str]:
-        return [f for f in (self.ca_file, self.cert_file, self.key_file) if f]
+        pairs = [f for pair in self.roles.values() for f in pair]
+        return [f for f in (self.ca_file, self.cert_file, self.key_file, *pairs) if f]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,15 +106,54 @@ class ClusterSecurity:
     def from_files(cls, ca_file: str, cert_file: str, key_file: str) -> ClusterSecurity:
         return cls(protocol="tls", ca_file=ca_file, cert_file=cert_file, key_file=key_file)
 
+    @classmethod
+    def in_directory(cls, directory: str) -> ClusterSecurity:
+        """TLS with every party's files at their names in ``directory`` (may be a placeholder)."""
+        cert, key = (f"{directory}/{n}" for n in ROLE_FILES["client"])
+        roles = {r: [f"{directory}/{n}" for n in ROLE_FILES[r]] for r in ("scheduler", "worker")}
+        return cls("tls", f"{directory}/{CA_NAME}", cert, key, roles=roles)
 
-def tls_config_env(ca_file: str, cert_file: str, key_file: str) -> dict[str, str]:
-    """Dask config variables that make every process of a cluster (and its clients) use TLS."""
+
+def server_tls_env(directory: str) -> dict[str, str]:
+    """Dask config variables that make a cluster's own processes use TLS with the files in
+    ``directory`` (their names as in SERVER_NAMES): the scheduler its pair, a worker its pair,
+    also for the clients its tasks open (``get_client()`` inside a task)."""
     env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
-    env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] = ca_file
-    for role in ("SCHEDULER", "WORKER", "CLIENT"):
-        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = cert_file
-        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = key_file
+    env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] = f"{directory}/{CA_NAME}"
+    for role, files in (("SCHEDULER", "scheduler"), ("WORKER", "worker"), ("CLIENT", "worker")):
+        cert, key = ROLE_FILES[files]
+        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = f"{directory}/{cert}"
+        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = f"{directory}/{key}"
     return env
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a scheduler address (``tcp://host:port``, ``host``) is on this machine only."""
+    host = address.partition("://")[2] or address
+    host = host.rsplit(":", 1)[0].strip("[]") if ":" in host else host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure(protocol: str, address: str | None = None) -> str | None:
+    """One line saying who can run code on a cluster of a plain protocol; None under TLS."""
+    if protocol == "tls":
+        return None
+    where = address or "the scheduler's address"
+    if address and is_loopback(address):
+        who = f"every user of this machine can reach {where} and"
+    else:
+        who = f"anyone who can reach {where} can"
+    flaw = (
+        "Dask can neither encrypt nor authenticate UCX"
+        if protocol == "ucx"
+        else ("it has no authentication")
+    )
+    return f"protocol {protocol}: {flaw}, so {who} run code as you; omit `protocol` for mutual TLS"
 
 
 def ucx_env(profile: ProfileCommon) -> dict[str, str]:
@@ -163,13 +228,19 @@ def _certificate(subject: Any, issuer: Any, public_key: Any, signer: Any, *exten
 
 
 def generate_tls(directory: Path, hostnames: Iterable[str] = ()) -> ClusterSecurity:
-    """A per-cluster CA and one certificate (server and client use) signed by it, files 0600."""
+    """A fresh CA for one cluster and a key and certificate signed by it for each party
+    (scheduler, worker, client), files 0600 in a 0700 ``directory``.
+
+    The CA's private key never leaves this function: nothing can sign another certificate
+    for the cluster once it is made.
+    """
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterkit cluster CA")])
     signing_only = x509.KeyUsage(
@@ -191,22 +262,24 @@ def generate_tls(directory: Path, hostnames: Iterable[str] = ()) -> ClusterSecur
         (x509.BasicConstraints(ca=True, path_length=0), True),
         (signing_only, True),
     )
-    key = ec.generate_private_key(ec.SECP256R1())
-    usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-    cert = _certificate(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterkit")]),
-        ca_name,
-        key.public_key(),
-        ca_key,
-        (x509.SubjectAlternativeName(_subject_names(hostnames)), False),
-        (x509.ExtendedKeyUsage(usage), False),
-    )
     pem = serialization.Encoding.PEM
-    ca_file, cert_file, key_file = (directory / n for n in ("ca.pem", "cert.pem", "key.pem"))
-    _write_private(ca_file, ca_cert.public_bytes(pem))
-    _write_private(cert_file, cert.public_bytes(pem))
-    _write_private(
-        key_file,
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-    )
-    return ClusterSecurity.from_files(str(ca_file), str(cert_file), str(key_file))
+    _write_private(directory / CA_NAME, ca_cert.public_bytes(pem))
+    both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    usages = {"client": [ExtendedKeyUsageOID.CLIENT_AUTH], "scheduler": both, "worker": both}
+    for role, usage in usages.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _certificate(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"clusterkit {role}")]),
+            ca_name,
+            key.public_key(),
+            ca_key,
+            (x509.SubjectAlternativeName(_subject_names(hostnames)), False),
+            (x509.ExtendedKeyUsage(usage), False),
+        )
+        cert_name, key_name = ROLE_FILES[role]
+        _write_private(directory / cert_name, cert.public_bytes(pem))
+        private = serialization.PrivateFormat.PKCS8
+        _write_private(
+            directory / key_name, key.private_bytes(pem, private, serialization.NoEncryption())
+        )
+    return ClusterSecurity.in_directory(str(directory))

@@ -172,8 +172,8 @@ def rendered(tmp_path: Path, name: str, data: dict[str, Any]) -> str:
 UCX_FAST = {"protocol": "ucx", "ucx": {"nvlink": True, "infiniband": True, "rdmacm": True}}
 #: Options that change a worker command; each is tried with and without GPUs.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "tcp": {},
-    "tls": {"protocol": "tls"},
+    "default": {},  # mutual TLS
+    "tcp": {"protocol": "tcp"},
     "ucx": {"protocol": "ucx"},
     "ucx-nvlink-ib": UCX_FAST,
     "interface": {"interface": "lo"},
@@ -218,7 +218,7 @@ def test_job_script_worker_parses(case: tuple[str, str, int], tmp_path: Path) ->
     module, ctx = parse_python(worker_line(script))
     assert module == ("dask_cuda.cli" if gpus else "distributed.cli.dask_worker")
     params = ctx.params
-    scheme = VARIANTS[variant].get("protocol", "tcp")
+    scheme = VARIANTS[variant].get("protocol", "tls")
     assert params["scheduler"] == f"{scheme}://<scheduler-address>:8786"
     assert params["protocol"] == f"{scheme}://"
     resources = params["resources"] or ""
@@ -227,8 +227,10 @@ def test_job_script_worker_parses(case: tuple[str, str, int], tmp_path: Path) ->
         assert "MEM=2" in resources and tuple(params["preload"]) == ("json",)
     if variant == "interface":
         assert params["interface"] == "lo" and params.get("host") is None
-    if variant == "tls":
-        assert params["tls_ca_file"] and params["tls_cert"] and params["tls_key"]
+    if scheme == "tls":  # the worker's own pair, never the client's
+        assert params["tls_ca_file"] and params["tls_key"].endswith("worker-key.pem")
+    else:
+        assert params["tls_cert"] is None
     # the parser's value: dask-jobqueue's --nthreads (cores/processes) or the profile's after it
     assert int(params["nthreads"]) == (1 if variant == "threads" else 2)
     if scheme == "ucx" and gpus:  # dask-cuda's own UCX switches
@@ -311,7 +313,7 @@ def test_the_old_local_cuda_keyword_is_refused() -> None:
 SSH_BASE = {"backend": "ssh", "hosts": ["10.0.0.1", "10.0.0.2"], "strict_host_keys": False}
 SSH_CASES = [
     (variant, gpus)
-    for variant in ("tcp", "tls", "ucx", "ucx-nvlink-ib", "interface", "resources")
+    for variant in ("tcp", "default", "ucx", "ucx-nvlink-ib", "interface", "resources")
     for gpus in (0, 1)
 ]
 
@@ -484,7 +486,7 @@ def slurm() -> Iterator[Any]:
 
 SBATCH_CASES = [
     (variant, gpus, directive)
-    for variant in ("tcp", "tls", "ucx-nvlink-ib", "interface", "resources", "lifetime")
+    for variant in ("tcp", "default", "ucx-nvlink-ib", "interface", "resources", "lifetime")
     for gpus, directive in ((0, "gres"), (1, "gres"), (1, "gpus-per-task"))
 ]
 

@@ -247,7 +247,8 @@ def test_bundled_pbs_gpu_profile_renders() -> None:
 
     script = api.render("pbs-gpu")
     assert "#PBS -l select=1:ncpus=16:mem=128GB:ngpus=2" in script
-    assert "-m dask_cuda.cli tcp://<scheduler-address>:8786" in script
+    assert "-m dask_cuda.cli tls://<scheduler-address>:8786" in script
+    assert "--tls-key <cluster-dir>/worker-key.pem" in script  # the workers' own key
 
 
 def test_logs_of_a_job_find_its_file_in_the_log_directory(tmp_path: Path) -> None:

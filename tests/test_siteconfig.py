@@ -75,7 +75,7 @@ def test_explain_names_file_line_dask_config_key_default_and_derived(tmp_path: P
     assert rows["walltime"] == ["02:00:00", "p.yaml:6"]
     assert rows["cores"] == ["8", "p.yaml:2"]
     assert rows["worker.threads"] == ["4", "derived"]
-    assert rows["protocol"] == ["tcp", "default"]
+    assert rows["protocol"] == ["tls", "default"]
 
 
 def test_a_bad_site_value_is_one_line_naming_the_config_key(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from clusterkit.backends.base import Backend, Capability, Check
 from clusterkit.errors import BadInput, ClusterStartError
 from clusterkit.schema import AddressProfile
+from clusterkit.security import is_loopback
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -33,6 +34,13 @@ class AddressBackend(Backend):
 
         if profile.protocol == "tls" and profile.tls is None:
             raise BadInput(f"profile '{profile.name}': protocol tls needs `tls:` files")
+        if not security.tls and not profile.allow_plaintext and not is_loopback(profile.address):
+            raise BadInput(
+                f"profile '{profile.name}': refusing to attach in plaintext to {profile.address}, "
+                "which is not on this machine (anything on the path can read and inject tasks)",
+                hint="use the scheduler's tls:// address with `tls:` files, or set "
+                "`allow_plaintext: true` if that network is yours alone",
+            )
         try:
             client = Client(
                 profile.address,

@@ -16,8 +16,10 @@ LOOPBACK = "127.0.0.1"
 
 
 def dashboard_address(host: str | None, port: int) -> str:
-    """``HOST:PORT`` for the dashboard (``:PORT`` binds every interface of the scheduler)."""
-    return f"{host or ''}:{port}"
+    """``HOST:PORT`` for the dashboard: the scheduler's host, else loopback (Dask would turn
+    ``:PORT`` into every interface; the dashboard has no authentication). Remote dashboards
+    are reached through the tunnel `clusterkit dashboard NAME` prints."""
+    return f"{host or LOOPBACK}:{port}"
 
 
 def scheduler_options(profile: ClusterProfile, host: str | None) -> dict[str, Any]:

@@ -28,12 +28,16 @@ def up(
 ) -> None:
     """Start a cluster from a profile; it runs until `clusterkit down`."""
     from clusterkit import api, console
+    from clusterkit.security import exposure
 
     # the spinner (a thread) starts only once the supervisor is forked
     record = api.up(
         profile, name=name, waiting=console.err().status(f"starting '{name or profile}'...")
     )
     console.message(f"[green]up[/green] {record.name}: {record.address}")
+    notice = exposure(record.security.get("protocol", "tcp"), record.address)
+    if notice:
+        console.warn(notice)
     if record.dashboard:
         console.message(f"dashboard: {record.dashboard}")
     typer.echo(record.address)
@@ -226,18 +230,25 @@ def dashboard(
     name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
     open_: bool = typer.Option(False, "--open", help="Open it in a browser."),
 ) -> None:
-    """Print the dashboard link (and open it with --open)."""
-    from clusterkit import api
+    """Print the dashboard link (and open it with --open); for a dashboard this machine cannot
+    reach directly, the tunnel to run first."""
+    from clusterkit import api, console
     from clusterkit.errors import BadInput
+    from clusterkit.monitor import dashboard_tunnel
 
     record = api.get_record(name)
     if not record.dashboard:
         raise BadInput(f"cluster '{name}' runs without a dashboard", hint="scheduler.dashboard")
-    typer.echo(record.dashboard)
+    tunnel = dashboard_tunnel(record)
+    link = record.dashboard
+    if tunnel is not None:
+        command, link = tunnel
+        console.message(f"the dashboard listens on {record.host} only; first run: {command}")
+    typer.echo(link)
     if open_:
         import webbrowser
 
-        webbrowser.open(record.dashboard)
+        webbrowser.open(link)
 
 
 def register(app: typer.Typer) -> None:

@@ -91,8 +91,13 @@ def show(
 
     from clusterkit import console
     from clusterkit.profiles import resolved_data
+    from clusterkit.security import exposure
 
     data = resolved_data(name)
+    address = data.get("address") or (data.get("scheduler") or {}).get("host")
+    notice = exposure(str(data.get("protocol", "tls")), address)
+    if notice:
+        console.warn(notice)
     if json_:
         console.print_json(data)
     else:

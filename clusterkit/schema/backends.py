@@ -247,6 +247,19 @@ class AddressProfile(ProfileCommon):
     address: str = Field(..., pattern=r"^(tcp|tls|ucx|ucxx|ws|wss)://[^\s/]+:\d+$")
     tls: TLSFiles | None = None
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="workers to wait for on attach")
+    allow_plaintext: bool = Field(
+        False, description="attach without TLS to a scheduler that is not on this machine"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_from_address(cls, data: Any) -> Any:
+        """Without `protocol`, the address's scheme says it (tcp://, tls://, ucx://)."""
+        if isinstance(data, dict) and "protocol" not in data:
+            scheme = str(data.get("address", "")).partition("://")[0]
+            if scheme in ("tcp", "tls", "ucx"):
+                return {**data, "protocol": scheme}
+        return data
 
     @property
     def min_workers(self) -> int:

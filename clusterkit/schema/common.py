@@ -79,7 +79,11 @@ class ProfileCommon(Strict):
     """Fields every profile has."""
 
     description: str = ""
-    protocol: Literal["tcp", "tls", "ucx"] = "tcp"
+    protocol: Literal["tcp", "tls", "ucx"] = Field(
+        "tls",
+        description="tls (default): mutual TLS with a fresh CA per cluster; tcp and ucx let "
+        "anyone who reaches the scheduler run code as you",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="environment of every worker")
     start_timeout: Duration = Field(60.0, description="how long `up` waits for the workers")
 

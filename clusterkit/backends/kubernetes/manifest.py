@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import ProfileError
 from clusterkit.schema import cuda
+from clusterkit.security import CA_NAME, ROLE_FILES
 
 if TYPE_CHECKING:
     from clusterkit.schema import K8sResources, KubernetesProfile, WorkerGroup, WorkerSpec
@@ -54,16 +55,18 @@ def _resources(base: K8sResources, gpus: int) -> dict[str, dict[str, str]]:
     return out
 
 
-def _tls_args(security: ClusterSecurity) -> list[str]:
+def _tls_args(security: ClusterSecurity, role: str) -> list[str]:
+    """``--tls-*`` flags naming the mounted files of ``role`` (scheduler or worker)."""
     if not security.tls:
         return []
+    cert, key = ROLE_FILES[role]
     return [
         "--tls-ca-file",
-        f"{TLS_MOUNT}/ca.pem",
+        f"{TLS_MOUNT}/{CA_NAME}",
         "--tls-cert",
-        f"{TLS_MOUNT}/cert.pem",
+        f"{TLS_MOUNT}/{cert}",
         "--tls-key",
-        f"{TLS_MOUNT}/key.pem",
+        f"{TLS_MOUNT}/{key}",
     ]
 
 
@@ -106,7 +109,7 @@ def worker_args(
         args += ["--preload", module]
     if spec.gpus:
         args += cuda.worker_flags(profile.cuda)
-    return args + _tls_args(security)
+    return args + _tls_args(security, "worker")
 
 
 def scheduler_args(profile: KubernetesProfile, security: ClusterSecurity) -> list[str]:
@@ -124,7 +127,7 @@ def scheduler_args(profile: KubernetesProfile, security: ClusterSecurity) -> lis
         args += ["--protocol", profile.protocol]
     for module in profile.preload:
         args += ["--preload", module]
-    return args + _tls_args(security)
+    return args + _tls_args(security, "scheduler")
 
 
 def worker_spec(
@@ -293,15 +296,12 @@ def autoscaler(profile: KubernetesProfile, name: str) -> dict[str, Any] | None:
 
 
 def tls_secret(profile: KubernetesProfile, security: ClusterSecurity, name: str) -> dict[str, Any]:
-    """The cluster's certificates as an Opaque Secret mounted by scheduler and workers."""
+    """The scheduler's and workers' certificates as an Opaque Secret they mount (the client's
+    key never leaves the machine that made it)."""
     data: dict[str, str] = {}
-    for key, path in (
-        ("ca.pem", security.ca_file),
-        ("cert.pem", security.cert_file),
-        ("key.pem", security.key_file),
-    ):
-        file = Path(path) if path else None
-        raw = file.read_bytes() if file and file.is_file() else f"<{path}>".encode()
+    for key, path in security.server_files():
+        file = Path(path)
+        raw = file.read_bytes() if file.is_file() else f"<{path}>".encode()
         data[key] = base64.b64encode(raw).decode()
     return {
         "apiVersion": "v1",

@@ -11,6 +11,7 @@ from clusterkit.backends.ssh import remote as ssh_remote
 from clusterkit.backends.ssh import spec as ssh_spec
 from clusterkit.errors import ClusterkitError, ClusterStartError
 from clusterkit.schema import SSHProfile
+from clusterkit.security import SERVER_NAMES
 
 if TYPE_CHECKING:
     from distributed.deploy.spec import SpecCluster
@@ -41,8 +42,8 @@ def render(profile: SSHProfile, security: ClusterSecurity) -> str:
     ]
     if security.tls:
         lines.append(
-            f"# tls: ca.pem, cert.pem, key.pem copied over SFTP to {placeholder} (0700, files "
-            "0600) on each host, removed when the cluster closes"
+            f"# tls: {', '.join(SERVER_NAMES)} copied over SFTP to {placeholder} (0700, files "
+            "0600) on each host, removed when the cluster closes; the client's key stays here"
         )
     for host, commands in plan.commands().items():
         lines.append(f"[{host}]")
@@ -74,7 +75,7 @@ def create_cluster(profile: SSHProfile, security: ClusterSecurity, cluster_id: s
 def _upload_tls(plan: ssh_spec.Plan, cluster_id: str, security: ClusterSecurity) -> dict[str, str]:
     async def one(host: str) -> tuple[str, str | BaseException]:
         try:
-            files = security.files()
+            files = security.server_files()  # the client's key stays here
             return host, await ssh_remote.upload_tls(host, plan.connect_options, cluster_id, files)
         except Exception as error:
             return host, error

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from clusterkit.backends.ssh.spec import MARKER_VAR, REMOTE_ROOT, TLS_NAMES
+from clusterkit.backends.ssh.spec import MARKER_VAR, REMOTE_ROOT
 
 T = TypeVar("T")
 
@@ -89,16 +89,17 @@ async def gather_hosts(hosts: Sequence[str], call: Callable[[str], Awaitable[T]]
 
 
 async def upload_tls(
-    host: str, options: dict[str, Any], cluster_id: str, files: Sequence[str]
+    host: str, options: dict[str, Any], cluster_id: str, files: Sequence[tuple[str, str]]
 ) -> str:
-    """Copy the cluster's TLS files into a private directory (0700, files 0600); its path."""
+    """Copy the cluster's TLS files, (name, local path), into a private directory (0700,
+    files 0600); its path."""
     async with await _connect(host, options) as conn, conn.start_sftp_client() as sftp:
         home = await sftp.realpath(".")
         directory = f"{home}/{REMOTE_ROOT}/{cluster_id}"
         await sftp.makedirs(directory, exist_ok=True)
         for part in (f"{home}/.clusterkit", f"{home}/{REMOTE_ROOT}", directory):
             await sftp.chmod(part, 0o700)
-        for name, local in zip(TLS_NAMES, files, strict=True):
+        for name, local in files:
             remote = f"{directory}/{name}"
             # create the file private before any byte is written
             async with sftp.open(remote, "wb", attrs=_private_attrs()) as handle:

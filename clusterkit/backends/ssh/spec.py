@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends import options
-from clusterkit.security import tls_config_env
+from clusterkit.security import server_tls_env
 
 if TYPE_CHECKING:
     from clusterkit.schema import SSHProfile
@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 MARKER_VAR = "CLUSTERKIT_CLUSTER"
 #: Where TLS files go on each host, under the remote user's home.
 REMOTE_ROOT = ".clusterkit/run"
-TLS_NAMES = ("ca.pem", "cert.pem", "key.pem")
 
 WORKER_CLASS = "distributed.Nanny"
 CUDA_WORKER_CLASS = "dask_cuda.CUDAWorker"
@@ -56,7 +55,7 @@ class Plan:
         env = dict(self.env)
         directory = self.remote_dirs.get(host)
         if directory is not None:
-            env.update(tls_config_env(*(f"{directory}/{name}" for name in TLS_NAMES)))
+            env.update(server_tls_env(directory))
         return env
 
     def python_command(self, host: str) -> str:
