@@ -76,7 +76,7 @@ def test_profile_module_init_validate_test(offline: Path) -> None:
     assert validate.value["valid"] is True, validate.value["diagnostics"]
     test = cli.test(json=False)
     assert test.retcode == 0, f"{test.value}\n{test.error}"
-    assert "Success! 11 passed, 0 failed." in test.value, test.value
+    assert "Success! 13 passed, 0 failed." in test.value, test.value
 
 
 def test_profile_plan_outputs(offline: Path) -> None:
@@ -103,6 +103,41 @@ def test_profile_plan_outputs(offline: Path) -> None:
     assert values["worker"]["gpus"] == 1 and values["fullnameOverride"] == "lab"
 
 
+def test_profile_defaults_to_tls_with_the_charts_client_secret(offline: Path) -> None:
+    """With no protocol and no Secret given, the chart generates the certificates and the
+    profile's tls files come from its client Secret."""
+    import yaml
+
+    module = profile_copy(offline)
+    cli = terraform_command(module)
+    assert cli.init(backend=False).retcode == 0
+    plan = offline / "plan.out"
+    result = cli.plan(vars={"name": "lab", "namespace": "research"}, out=str(plan), json=False)
+    assert result.retcode == 0, result.error
+    outputs = {
+        name: output["value"]
+        for name, output in cli.show(str(plan)).value["planned_values"]["outputs"].items()
+    }
+    assert outputs["scheduler_address"] == "tls://lab-scheduler.research.svc.cluster.local:8786"
+    values = outputs["helm_values"]
+    assert values["protocol"] == "tls" and values["tls"]["secretName"] == ""
+    assert outputs["client_tls_secret"] == "lab-client-tls"
+    profile = yaml.safe_load(outputs["profile_yaml"])
+    assert profile["protocol"] == "tls"
+    tls_dir = "~/.config/clusterkit/tls/lab"
+    assert profile["tls"] == {
+        "ca_file": f"{tls_dir}/ca.crt",
+        "cert_file": f"{tls_dir}/tls.crt",
+        "key_file": f"{tls_dir}/tls.key",
+    }
+    fetch = outputs["client_tls_fetch"].splitlines()
+    assert fetch[0] == f"(umask 077 && mkdir -p {tls_dir})"
+    assert fetch[3] == (
+        "(umask 077 && kubectl -n research get secret lab-client-tls"
+        f" -o jsonpath='{{.data.tls\\.key}}' | base64 -d > {tls_dir}/tls.key)"
+    )
+
+
 def test_dask_cluster_module_structure() -> None:
     parsed = hcl(DASK_CLUSTER)
     resources = {name: body for entry in parsed["resource"] for name, body in entry.items()}
@@ -117,7 +152,8 @@ def test_dask_cluster_module_structure() -> None:
     (module,) = (body for entry in parsed["module"] for name, body in entry.items())
     assert module["source"] == "../profile"
     outputs = blocks(parsed, "output")
-    assert {"scheduler_address", "profile"} <= set(outputs)
+    assert {"scheduler_address", "profile", "client_tls_secret", "client_tls_fetch"} <= set(outputs)
+    assert "module.profile.client_tls_secret" in str(outputs["client_tls_secret"]["value"])
     assert "module.profile.profile_yaml" in str(outputs["profile"]["value"])
     providers = parsed["terraform"][0]["required_providers"][0]
     assert {"helm", "kubernetes"} <= set(providers)
@@ -138,6 +174,8 @@ def test_dask_cluster_variables_match_profile_module() -> None:
         assert module[name] == f"${{var.{name}}}", name
     for name in ("workers", "gpus_per_worker", "protocol", "image", "name"):
         assert cluster_vars[name]["validation"], name
+    assert cluster_vars["protocol"]["default"] == "tls"  # secure by default
+    assert cluster_vars["tls_secret_name"]["default"] == ""  # the chart generates certificates
 
 
 def test_example_uses_the_module() -> None:
@@ -145,7 +183,10 @@ def test_example_uses_the_module() -> None:
     (module,) = (body for entry in parsed["module"] for name, body in entry.items())
     assert module["source"] == "../../modules/dask-cluster"
     assert module["gpus_per_worker"] > 0 and module["protocol"] == "tls"
-    assert "module.dask.profile" in str(blocks(parsed, "output")["profile"]["value"])
+    outputs = blocks(parsed, "output")
+    assert "module.dask.profile" in str(outputs["profile"]["value"])
+    assert "module.dask.client_tls_fetch" in str(outputs["client_tls_fetch"]["value"])
+    assert "tls_secret_name" not in module  # the chart's generated certificates
 
 
 def test_checkov_terraform(tmp_path: Path) -> None:

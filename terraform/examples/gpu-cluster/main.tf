@@ -1,9 +1,9 @@
-# Four GPU worker pods (two GPUs each, eight dask-cuda workers) with TLS, on GPU nodes.
+# Four GPU worker pods (two GPUs each, eight dask-cuda workers) with mutual TLS, on GPU nodes.
+# The chart generates its CA and certificates; researchers fetch the client Secret:
 #
 #   kubectl create namespace research
-#   kubectl -n research create secret generic gpu-lab-tls \
-#     --from-file=ca.crt --from-file=tls.crt --from-file=tls.key
 #   terraform init && terraform apply
+#   terraform output -raw client_tls_fetch | sh
 #   terraform output -raw profile > ~/.config/clusterkit/profiles/gpu-lab.yaml
 
 terraform {
@@ -42,7 +42,7 @@ module "dask" {
 
   name             = "gpu-lab"
   namespace        = "research"
-  create_namespace = false # the TLS secret lives there already
+  create_namespace = false # managed with the team's other namespaces
   image            = "nvcr.io/nvidia/rapidsai/base:25.10-cuda12.9-py3.12"
 
   workers            = 4
@@ -64,6 +64,11 @@ module "dask" {
 
 output "scheduler_address" {
   value = module.dask.scheduler_address
+}
+
+output "client_tls_fetch" {
+  description = "terraform output -raw client_tls_fetch | sh: the client certificate into owner-only files"
+  value       = module.dask.client_tls_fetch
 }
 
 output "profile" {

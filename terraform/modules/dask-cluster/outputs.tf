@@ -14,8 +14,18 @@ output "dask_workers" {
 }
 
 output "tls_secret_name" {
-  description = "Secret the release mounts for TLS (create it before apply)."
+  description = "The given TLS Secret ('' when the chart generates its certificates or without tls)."
   value       = module.profile.tls_secret_name
+}
+
+output "client_tls_secret" {
+  description = "Secret with the client certificate, key and CA the profile's tls files come from ('' without tls)."
+  value       = module.profile.client_tls_secret
+}
+
+output "client_tls_fetch" {
+  description = "Shell commands that copy the client Secret into owner-only files for the profile."
+  value       = module.profile.client_tls_fetch
 }
 
 output "profile" {

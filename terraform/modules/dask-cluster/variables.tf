@@ -94,9 +94,9 @@ variable "dask_resources" {
 }
 
 variable "protocol" {
-  description = "tcp, tls or ucx."
+  description = "tls (default: mutual TLS with certificates the chart generates), tcp (no encryption or authentication: anyone who reaches the scheduler runs code as the workers) or ucx."
   type        = string
-  default     = "tcp"
+  default     = "tls"
 
   validation {
     condition     = contains(["tcp", "tls", "ucx"], var.protocol)
@@ -105,7 +105,7 @@ variable "protocol" {
 }
 
 variable "tls_secret_name" {
-  description = "Secret with ca.crt, tls.crt and tls.key (protocol tls); default '<name>-tls'."
+  description = "Existing Secret with ca.crt, tls.crt and tls.key (cert-manager's layout) for protocol tls; empty: the chart generates a CA and certificates (client Secret '<name>-client-tls')."
   type        = string
   default     = ""
 

@@ -10,8 +10,19 @@ locals {
   scheduler_service = "${var.name}-scheduler"
   scheduler_host    = "${local.scheduler_service}.${var.namespace}.svc.cluster.local"
   scheduler_address = "${var.protocol}://${local.scheduler_host}:8786"
-  tls_secret_name   = var.protocol == "tls" ? coalesce(var.tls_secret_name, "${var.name}-tls") : ""
+  tls               = var.protocol == "tls"
+  # the chart generates NAME-{ca,scheduler,worker,client}-tls unless given a Secret
+  tls_generated     = local.tls && var.tls_secret_name == ""
+  client_tls_secret = local.tls_generated ? "${var.name}-client-tls" : (local.tls ? var.tls_secret_name : "")
   tls_directory     = "~/.config/clusterkit/tls/${var.name}"
+  tls_files         = ["ca.crt", "tls.crt", "tls.key"]
+  # owner-only copies of the client Secret's files, where the profile's tls block points
+  client_tls_fetch = local.tls ? join("\n", concat(
+    ["(umask 077 && mkdir -p ${local.tls_directory})"],
+    [for file in local.tls_files :
+      "(umask 077 && kubectl -n ${var.namespace} get secret ${local.client_tls_secret} -o jsonpath='{.data.${replace(file, ".", "\\.")}}' | base64 -d > ${local.tls_directory}/${file})"
+    ],
+  )) : ""
 
   # dask-cuda runs one worker process per GPU in a pod
   processes_per_pod = max(1, var.gpus_per_worker)
@@ -27,7 +38,7 @@ locals {
       pullPolicy = var.image_pull_policy
     }
     protocol = var.protocol
-    tls      = { secretName = local.tls_secret_name }
+    tls      = { secretName = var.tls_secret_name }
     env      = var.env
     scheduler = {
       service   = { type = var.service_type }
@@ -54,7 +65,7 @@ locals {
       address     = local.scheduler_address
       workers     = local.dask_workers
     },
-    var.protocol == "tls" ? {
+    local.tls ? {
       tls = {
         ca_file   = "${local.tls_directory}/ca.crt"
         cert_file = "${local.tls_directory}/tls.crt"

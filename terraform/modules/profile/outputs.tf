@@ -19,8 +19,23 @@ output "scheduler_address" {
 }
 
 output "tls_secret_name" {
-  description = "Secret the chart mounts for protocol tls ('' otherwise)."
-  value       = local.tls_secret_name
+  description = "The given Secret every pod mounts for protocol tls ('' when the chart generates its certificates or without tls)."
+  value       = var.tls_secret_name
+}
+
+output "tls_generated" {
+  description = "Whether the chart generates its own CA and certificates (protocol tls, no tls_secret_name)."
+  value       = local.tls_generated
+}
+
+output "client_tls_secret" {
+  description = "Secret with the client certificate, its key and the CA: the profile's tls files come from it ('' without tls). Reading it grants running code on the cluster."
+  value       = local.client_tls_secret
+}
+
+output "client_tls_fetch" {
+  description = "Shell commands that copy the client Secret into the owner-only files the profile names ('' without tls)."
+  value       = local.client_tls_fetch
 }
 
 output "dask_workers" {

@@ -4,11 +4,11 @@ variables {
   name = "gpu-lab"
 }
 
-run "defaults_are_a_cpu_tcp_cluster" {
+run "defaults_are_a_cpu_cluster_with_generated_tls" {
   command = plan
 
   assert {
-    condition     = output.scheduler_address == "tcp://gpu-lab-scheduler.dask.svc.cluster.local:8786"
+    condition     = output.scheduler_address == "tls://gpu-lab-scheduler.dask.svc.cluster.local:8786"
     error_message = "unexpected scheduler address: ${output.scheduler_address}"
   }
   assert {
@@ -20,12 +20,45 @@ run "defaults_are_a_cpu_tcp_cluster" {
     error_message = "image not split into repository and tag"
   }
   assert {
-    condition     = output.profile.backend == "address" && !contains(keys(output.profile), "tls")
-    error_message = "a tcp profile has no tls block"
+    condition     = output.helm_values.protocol == "tls" && output.helm_values.tls.secretName == "" && output.tls_generated
+    error_message = "by default the chart runs TLS with the certificates it generates"
+  }
+  assert {
+    condition     = output.client_tls_secret == "gpu-lab-client-tls" && output.tls_secret_name == ""
+    error_message = "the profile's certificate comes from the chart's generated client Secret"
+  }
+  assert {
+    condition     = output.profile.tls.cert_file == "~/.config/clusterkit/tls/gpu-lab/tls.crt" && output.profile.tls.ca_file == "~/.config/clusterkit/tls/gpu-lab/ca.crt"
+    error_message = "the default profile names the client certificate files"
+  }
+  assert {
+    condition     = strcontains(output.client_tls_fetch, "kubectl -n dask get secret gpu-lab-client-tls -o jsonpath='{.data.tls\\.key}' | base64 -d > ~/.config/clusterkit/tls/gpu-lab/tls.key") && strcontains(output.client_tls_fetch, "umask 077")
+    error_message = "client_tls_fetch must copy the client Secret into owner-only files: ${output.client_tls_fetch}"
   }
   assert {
     condition     = yamldecode(output.profile_yaml).address == output.scheduler_address
     error_message = "profile_yaml does not carry the scheduler address"
+  }
+}
+
+run "explicit_tcp_has_no_tls" {
+  command = plan
+
+  variables {
+    protocol = "tcp"
+  }
+
+  assert {
+    condition     = output.scheduler_address == "tcp://gpu-lab-scheduler.dask.svc.cluster.local:8786"
+    error_message = "tcp address expected"
+  }
+  assert {
+    condition     = output.profile.backend == "address" && !contains(keys(output.profile), "tls")
+    error_message = "a tcp profile has no tls block"
+  }
+  assert {
+    condition     = output.client_tls_secret == "" && output.client_tls_fetch == "" && !output.tls_generated
+    error_message = "no client Secret without tls"
   }
 }
 
@@ -49,8 +82,8 @@ run "gpu_tls_sizing" {
     error_message = "tls address expected"
   }
   assert {
-    condition     = output.tls_secret_name == "gpu-lab-tls" && output.helm_values.tls.secretName == "gpu-lab-tls"
-    error_message = "default TLS secret name is NAME-tls"
+    condition     = output.client_tls_secret == "gpu-lab-client-tls" && output.helm_values.tls.secretName == ""
+    error_message = "without tls_secret_name the chart generates the certificates"
   }
   assert {
     condition     = output.profile.tls.key_file == "~/.config/clusterkit/tls/gpu-lab/tls.key"
@@ -130,9 +163,27 @@ run "rejects_bad_memory" {
   expect_failures = [var.worker_memory]
 }
 
+run "cert_manager_secret" {
+  command = plan
+
+  variables {
+    tls_secret_name = "gpu-lab-cert-manager"
+  }
+
+  assert {
+    condition     = output.helm_values.tls.secretName == "gpu-lab-cert-manager" && !output.tls_generated
+    error_message = "a given Secret is passed to the chart instead of generating certificates"
+  }
+  assert {
+    condition     = output.client_tls_secret == "gpu-lab-cert-manager" && strcontains(output.client_tls_fetch, "get secret gpu-lab-cert-manager ")
+    error_message = "the profile's files come from the given Secret"
+  }
+}
+
 run "rejects_tls_secret_without_tls" {
   command = plan
   variables {
+    protocol        = "tcp"
     tls_secret_name = "my-tls"
   }
   expect_failures = [var.tls_secret_name]
