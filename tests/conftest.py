@@ -18,6 +18,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,21 @@ def gpu_skip_reason() -> str | None:
         return f"no GPU: NVML says {error}"
     return None if count else "no GPU: NVML sees 0 devices"
 
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One SLURM for the session, shared by every module that uses it; a missing install fails
+    (the tier is required), never skips."""
+    from tests import slurm as harness
+
+    absent = harness.missing()
+    if absent:
+        pytest.fail(f"SLURM is not installed (missing {absent}): run scripts/setup/20-slurm.sh")
+    cluster = harness.start(tmp_path_factory.mktemp("slurm"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(cluster.conf))  # sbatch/squeue here and in supervisors
+        try:
+            yield cluster
+        finally:
+            cluster.stop()

@@ -31,7 +31,7 @@ from clusterkit import state
 from tests import slurm as SLURM
 from tests import sshd as SSHD
 from tests.test_kubernetes import Harness, clean, k8s, write_profile  # noqa: F401 - fixtures
-from tests.test_slurm import empty_queue_after, slurm  # noqa: F401 - fixtures
+from tests.test_slurm import empty_queue_after  # noqa: F401 - fixture
 from tests.test_ssh import Lab, lab, no_remote_leftovers  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.chaos
@@ -284,7 +284,7 @@ def test_chaos_ssh(index: int, tmp_path: Path, lab: Lab) -> None:  # noqa: F811
 
 @pytest.mark.parametrize("index", range(KILLS), ids=IDS)
 @pytest.mark.timeout(600)
-def test_chaos_slurm(index: int, tmp_path: Path, slurm: SLURM.Slurm) -> None:  # noqa: F811
+def test_chaos_slurm(index: int, tmp_path: Path, slurm: SLURM.Slurm) -> None:
     import yaml
 
     from tests.test_slurm import profile_data

@@ -30,21 +30,6 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("CLUSTERKIT_UPDATE_GOLDEN") == "1"
 
 
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S.Slurm]:
-    """One SLURM for the session; a missing install fails (the tier is required), never skips."""
-    absent = S.missing()
-    if absent:
-        pytest.fail(f"SLURM is not installed (missing {absent}): run scripts/setup/20-slurm.sh")
-    cluster = S.start(tmp_path_factory.mktemp("slurm"))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SLURM_CONF", str(cluster.conf))  # sbatch/squeue here and in supervisors
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-
-
 @pytest.fixture(autouse=True)
 def empty_queue_after(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test that used SLURM must leave its queue empty."""
