@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -154,6 +155,29 @@ def exposure(protocol: str, address: str | None = None) -> str | None:
         else ("it has no authentication")
     )
     return f"protocol {protocol}: {flaw}, so {who} run code as you; omit `protocol` for mutual TLS"
+
+
+#: The scheduler's HTTP routes when an operator outside the cluster's CA must reach it (the
+#: dask-kubernetes operator asks for the adaptive target and retires workers before scaling
+#: down; under TLS its Dask RPC has no certificate). Dask's defaults plus the small API:
+#: retire_workers, get_workers, adaptive_target, check_idle. None of them runs code.
+OPERATOR_HTTP_ROUTES = [
+    "distributed.http.scheduler.prometheus",
+    "distributed.http.scheduler.info",
+    "distributed.http.scheduler.json",
+    "distributed.http.health",
+    "distributed.http.proxy",
+    "distributed.http.statics",
+    "distributed.http.scheduler.api",
+]
+
+
+def operator_http_env(security: ClusterSecurity) -> dict[str, str]:
+    """Environment of a scheduler that an operator manages: under TLS, the HTTP API the
+    operator falls back to (its RPC cannot present a certificate)."""
+    if not security.tls:
+        return {}
+    return {"DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": json.dumps(OPERATOR_HTTP_ROUTES)}
 
 
 def ucx_env(profile: ProfileCommon) -> dict[str, str]:

@@ -45,7 +45,7 @@ def test_status_shows_load_mode_and_refreshes_with_watch(daily: str) -> None:
     assert {"cpu", "memory", "gpu_utilization", "running", "queued"} <= set(worker)
     watched = ck("status", daily, "--watch", "--count", "2", "--interval", "0.2")
     assert watched.returncode == 0, watched.stderr
-    assert "daily (local) at tcp://127.0.0.1:" in watched.stdout
+    assert "daily (local) at tls://127.0.0.1:" in watched.stdout
     for column in ("CPU", "GPU use", "running", "queued"):
         assert column in watched.stdout
 

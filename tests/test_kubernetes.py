@@ -6,6 +6,7 @@ kubelet shim that turns the operator's Deployments into real scheduler / worker 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,11 +26,11 @@ import yaml
 
 from clusterkit import api
 from clusterkit.backends.kubernetes import backend
-from clusterkit.backends.kubernetes.manifest import validate_manifest
+from clusterkit.backends.kubernetes.manifest import TLS_MOUNT, validate_manifest
 from clusterkit.client import get_client
 from clusterkit.errors import ClusterkitError, ClusterStartError, ProfileError
 from clusterkit.profiles import load_profile
-from clusterkit.security import ClusterSecurity
+from clusterkit.security import SERVER_NAMES, ClusterSecurity
 
 pytestmark = pytest.mark.kubernetes
 
@@ -166,9 +167,16 @@ def test_render_tls_and_adapt(tmp_path: Path) -> None:
     text = backend.render(profile, generate_tls(tmp_path / "certs"))
     docs = {d["kind"]: d for d in yaml.safe_load_all(text)}
     assert set(docs) == {"Secret", "DaskCluster", "DaskAutoscaler"}
-    assert set(docs["Secret"]["data"]) == {"ca.pem", "cert.pem", "key.pem"}
+    # the scheduler's and workers' files; the client's key never leaves this machine
+    assert set(docs["Secret"]["data"]) == set(SERVER_NAMES)
     scheduler = docs["DaskCluster"]["spec"]["scheduler"]["spec"]["containers"][0]
     assert "--tls-ca-file" in scheduler["args"] and scheduler["volumeMounts"][0]["name"] == "tls"
+    assert f"{TLS_MOUNT}/scheduler-key.pem" in scheduler["args"]
+    # the operator's scale-down and autoscaler reach the scheduler over its HTTP API
+    routes = {e["name"]: e["value"] for e in scheduler["env"]}[
+        "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES"
+    ]
+    assert "distributed.http.scheduler.api" in json.loads(routes)
     assert docs["DaskAutoscaler"]["spec"] == {"cluster": "tlsad", "minimum": 1, "maximum": 4}
 
 
@@ -198,7 +206,7 @@ def test_contract_up_get_client_runners_scale_down(clean: Harness, tmp_path: Pat
     name = f"k8s-{uuid.uuid4().hex[:6]}"
     record = run_contract(write_profile(tmp_path, name), scale_to=3)
     assert record.extra["name"] == name and record.extra["namespace"] == "default"
-    assert record.address.startswith("tcp://127.0.0.1:")
+    assert record.address.startswith("tls://127.0.0.1:")  # mutual TLS by default
 
 
 def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
@@ -364,12 +372,19 @@ def test_process_killed_mid_start_leaves_a_dead_record_that_down_removes(
         process.wait()
         if process.stderr:
             process.stderr.close()
-    listed = subprocess.run([*cli, "ls", "--orphans", "--json"], capture_output=True,
-                            text=True, timeout=60)
+    listed = subprocess.run(
+        [*cli, "ls", "--orphans", "--json"], capture_output=True, text=True, timeout=60
+    )
     rows = {row["name"]: row["state"] for row in json.loads(listed.stdout)}
     assert rows.get(name, "").startswith("dead"), rows
     down = subprocess.run([*cli, "down", name], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr
     assert clean.objects("daskclusters") == []
-    assert json.loads(subprocess.run([*cli, "ls", "--json"], capture_output=True, text=True,
-                                     timeout=60).stdout) == []
+    assert (
+        json.loads(
+            subprocess.run(
+                [*cli, "ls", "--json"], capture_output=True, text=True, timeout=60
+            ).stdout
+        )
+        == []
+    )

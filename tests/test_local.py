@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def test_contract_local(tmp_path: Path) -> None:
         scheduler: {dashboard: false}
     """, "contract")
     record = run_contract(path, scale_to=2)
-    assert record.address.startswith("tcp://127.0.0.1:")
+    assert record.address.startswith("tls://127.0.0.1:")  # mutual TLS by default
     assert oct(os.stat(state.clusters_dir()).st_mode & 0o777) == "0o700"
 
 
@@ -57,9 +58,11 @@ def test_contract_address_attaches_to_a_running_cluster(tmp_path: Path) -> None:
         worker: {threads: 1, memory: 1GiB}
     """, "owner"))
     try:
+        files = {k: record.security[k] for k in ("ca_file", "cert_file", "key_file")}
         run_attach_contract(profile_file(tmp_path, f"""
             backend: address
             address: {record.address}
+            tls: {json.dumps(files)}
             workers: 2
         """, "attach"))
         assert api.status(record.name)["workers"], "attaching must not stop the owner's cluster"
@@ -196,11 +199,11 @@ def test_cli_lifecycle(tmp_path: Path) -> None:
     assert started.returncode == 0, started.stderr
     try:
         address = started.stdout.strip()
-        assert address.startswith("tcp://127.0.0.1:")
+        assert address.startswith("tls://127.0.0.1:")
         assert address in ck("ls").stdout
         assert '"threads": 1' in ck("status", "clitest", "--json").stdout
         assert ck("scale", "clitest", "2").returncode == 0
-        assert ck("status", "clitest", "--json").stdout.count('"address": "tcp://') == 3
+        assert ck("status", "clitest", "--json").stdout.count('"address": "tls://') == 3
         assert "==> scheduler <==" in ck("logs", "clitest").stdout
         assert ck("dashboard", "clitest").stdout.startswith("http://127.0.0.1:")
         assert ck("up", str(path)).returncode == 2
@@ -221,6 +224,7 @@ def test_get_client_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             inner = client.submit(lambda: clusterkit.get_client().scheduler.address).result()
             assert inner == record.address
         monkeypatch.setenv("CLUSTERKIT_SCHEDULER", record.address)
+        monkeypatch.setenv("CLUSTERKIT_SECURITY", str(Path(record.security["key_file"]).parent))
         with clusterkit.get_client("ignored-name") as client:
             assert client.submit(sum, [1, 1]).result() == 2
     finally:
@@ -319,7 +323,7 @@ def test_doctor_passes_on_local() -> None:
 
     checks = {c.name: c for c in run_checks(load_profile("local"))}
     assert all(c.ok for c in checks.values()), checks
-    assert "task ran via tcp://127.0.0.1:" in checks["worker -> scheduler connection"].detail
+    assert "task ran via tls://127.0.0.1:" in checks["worker -> scheduler connection"].detail
 
 
 def _corrupt(name: str) -> None:

@@ -26,6 +26,7 @@ import yaml
 
 from clusterkit import api, state
 from clusterkit.client import get_client
+from clusterkit.security import SERVER_NAMES
 from clusterkit.state import ClusterRecord
 from tests import slurm as SL
 from tests import sshd as S
@@ -95,8 +96,12 @@ def probe_here(
     addresses: list[str], prefix: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     """The probe as this user (root), optionally under ``prefix`` (e.g. ``ip netns exec B``)."""
-    return subprocess.run([*prefix, sys.executable, "-c", PROBE, *addresses],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", PROBE, *addresses],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def owner_runs_a_task(name: str) -> None:
@@ -151,7 +156,8 @@ def at(cli_cluster: CliCluster, monkeypatch: pytest.MonkeyPatch) -> CliCluster:
 
 @pytest.mark.local
 def test_second_user_cannot_run_a_task_on_a_default_cluster_from_up(
-    at: CliCluster, second_user: User  # noqa: F811
+    at: CliCluster,
+    second_user: User,  # noqa: F811
 ) -> None:
     probe = second_user.run("-c", PROBE, *both_schemes(at.record.address))
     assert_refused(probe, f"user {second_user.name} (a client without certificates)")
@@ -160,7 +166,8 @@ def test_second_user_cannot_run_a_task_on_a_default_cluster_from_up(
 
 @pytest.mark.local
 def test_second_user_can_read_no_key_of_the_cluster(
-    at: CliCluster, second_user: User  # noqa: F811
+    at: CliCluster,
+    second_user: User,  # noqa: F811
 ) -> None:
     """Every key clusterkit wrote is 0600 in 0700 directories, and the second user, let into
     the directory that holds the state directory, opens none of them."""
@@ -186,8 +193,9 @@ def test_second_user_can_read_no_key_of_the_cluster(
         reader = second_user.run("-c", READ_EACH, *map(str, keys))
     finally:
         for directory in granted:
-            subprocess.run(["setfacl", "-x", f"u:{SECOND_USER}", str(directory)],
-                           capture_output=True)
+            subprocess.run(
+                ["setfacl", "-x", f"u:{SECOND_USER}", str(directory)], capture_output=True
+            )
     assert reader.returncode == 0, reader.stderr
     assert reader.stdout.split() == ["denied"] * len(keys), reader.stdout
 
@@ -225,9 +233,13 @@ def embedded(log: Path, *profile: str) -> Iterator[str]:
     """An owner's process holding an embedded cluster, its stderr in ``log``: yields the
     scheduler's address once the owner's own task ran (as the owner)."""
     with open(log, "w") as errors:
-        owner = subprocess.Popen([sys.executable, "-c", EMBEDDED, *profile],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                                 text=True)
+        owner = subprocess.Popen(
+            [sys.executable, "-c", EMBEDDED, *profile],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
     assert owner.stdin is not None and owner.stdout is not None
     try:
         address = owner.stdout.readline().strip()
@@ -251,7 +263,8 @@ def embedded(log: Path, *profile: str) -> Iterator[str]:
 
 @pytest.mark.local
 def test_second_user_cannot_run_a_task_on_an_embedded_default_cluster(
-    second_user: User, tmp_path: Path  # noqa: F811
+    second_user: User,  # noqa: F811 - fixture
+    tmp_path: Path,
 ) -> None:
     with embedded(tmp_path / "owner.log") as address:
         probe = second_user.run("-c", PROBE, *both_schemes(address))
@@ -301,16 +314,20 @@ def test_default_ssh_cluster_refuses_a_client_on_another_host(tmp_path: Path) ->
         server = S.start_sshd(keys, "sec", listen=net.addresses[0], port=22, netns=net.names[0])
         try:
             profile = tmp_path / "remote.yaml"
-            profile.write_text(yaml.safe_dump({
-                "backend": "ssh",
-                "hosts": [net.addresses[0]],
-                "user": "root",
-                "identity_files": [str(keys.client_key)],
-                "known_hosts": str(S.write_known_hosts(tmp_path / "known", keys, [server])),
-                "remote_python": sys.executable,
-                "start_timeout": 60,
-                "scheduler": {"dashboard": False},
-            }))
+            profile.write_text(
+                yaml.safe_dump(
+                    {
+                        "backend": "ssh",
+                        "hosts": [net.addresses[0]],
+                        "user": "root",
+                        "identity_files": [str(keys.client_key)],
+                        "known_hosts": str(S.write_known_hosts(tmp_path / "known", keys, [server])),
+                        "remote_python": sys.executable,
+                        "start_timeout": 60,
+                        "scheduler": {"dashboard": False},
+                    }
+                )
+            )
             up = cli("up", str(profile), prefix=on_a)
             assert up.returncode == 0, up.stderr
             try:
@@ -320,7 +337,9 @@ def test_default_ssh_cluster_refuses_a_client_on_another_host(tmp_path: Path) ->
                 probe = probe_here(both_schemes(record.address), prefix=on_b)
                 owner = subprocess.run(
                     [*on_a, sys.executable, "-c", OWNER_ATTACHES, "remote"],
-                    capture_output=True, text=True, timeout=120,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
                 )
                 assert owner.returncode == 0, owner.stderr[-3000:]
                 assert owner.stdout.split() == [str(os.getuid())], owner.stdout
@@ -362,7 +381,8 @@ def test_default_slurm_cluster_refuses_a_client_without_certificates(
 @pytest.mark.kubernetes
 @pytest.mark.timeout(600)
 def test_default_kubernetes_cluster_refuses_a_client_without_certificates(
-    clean: Harness, tmp_path: Path  # noqa: F811
+    clean: Harness,  # noqa: F811 - fixture
+    tmp_path: Path,
 ) -> None:
     """The probe dials the scheduler where the test's port-forward exposes it (the record's
     address on 127.0.0.1)."""
@@ -382,10 +402,135 @@ def test_probe_gets_in_where_nothing_guards_the_door() -> None:
     'refused' above is the cluster's doing, not a broken probe)."""
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
-                      host="127.0.0.1", dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp://",
+        host="127.0.0.1",
+        dashboard_address=None,
+    ) as cluster:
         probe = probe_here(both_schemes(cluster.scheduler_address))
     assert probe.returncode == 0, probe.stdout + probe.stderr[-2000:]
     tcp_line, tls_line = probe.stdout.splitlines()
     assert f"GOT IN: os.getuid() ran on the cluster and gave {os.getuid()}" in tcp_line
     assert " refused: " in tls_line  # TLS spoken to a plain-TCP server
+
+
+# ------------------------------------------------------------------ unit: certificates, notices
+
+
+@pytest.mark.unit
+def test_each_party_has_its_own_key_signed_by_a_ca_whose_key_is_never_written(
+    tmp_path: Path,
+) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from clusterkit.security import ROLE_FILES, generate_tls
+
+    security = generate_tls(tmp_path / "certs", ["node1"])
+    files = sorted(p.name for p in (tmp_path / "certs").iterdir())
+    assert files == sorted(["ca.pem", *(n for pair in ROLE_FILES.values() for n in pair)])
+    ca = x509.load_pem_x509_certificate((tmp_path / "certs/ca.pem").read_bytes())
+    keys = set()
+    for role, (cert_name, key_name) in ROLE_FILES.items():
+        cert = x509.load_pem_x509_certificate((tmp_path / "certs" / cert_name).read_bytes())
+        cert.verify_directly_issued_by(ca)
+        keys.add((tmp_path / "certs" / key_name).read_bytes())
+        usage = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+        server = ExtendedKeyUsageOID.SERVER_AUTH in usage
+        assert server == (role != "client"), f"{role}: only scheduler and workers serve"
+        assert security.pair(role) == tuple(str(tmp_path / "certs" / n) for n in ROLE_FILES[role])
+    assert len(keys) == 3, "every party has its own key"
+    assert not isinstance(ca.public_key(), type(None)) and isinstance(
+        ca.public_key(), ec.EllipticCurvePublicKey
+    )
+    # no file holds a key that signs for the CA: the only private keys are the three parties'
+    assert sum(b"PRIVATE KEY" in p.read_bytes() for p in (tmp_path / "certs").iterdir()) == 3
+    assert security.client_only().roles == {}
+    assert [name for name, _ in security.server_files()] == list(SERVER_NAMES)
+
+
+@pytest.mark.unit
+def test_plain_protocols_say_who_can_run_code_and_tls_says_nothing() -> None:
+    from clusterkit.security import exposure
+
+    assert exposure("tls", "tls://127.0.0.1:1") is None
+    local = exposure("tcp", "tcp://127.0.0.1:8786")
+    assert local is not None and "every user of this machine" in local
+    remote = exposure("ucx", "ucx://10.0.0.5:8786")
+    assert remote is not None and "anyone who can reach ucx://10.0.0.5:8786" in remote
+    assert "neither encrypt nor authenticate" in remote
+
+
+@pytest.mark.unit
+def test_profiles_show_names_who_can_connect_to_a_tcp_profile(tmp_path: Path) -> None:
+    (tmp_path / "open.yaml").write_text("backend: local\nprotocol: tcp\n")
+    (tmp_path / "closed.yaml").write_text("backend: local\n")
+    shown = cli("profiles", "show", str(tmp_path / "open.yaml"))
+    assert shown.returncode == 0 and "protocol tcp" in shown.stderr
+    assert yaml.safe_load(shown.stdout)["protocol"] == "tcp"  # stdout stays data
+    closed = cli("profiles", "show", str(tmp_path / "closed.yaml"))
+    assert closed.returncode == 0 and closed.stderr == ""
+    assert yaml.safe_load(closed.stdout)["protocol"] == "tls"
+
+
+@pytest.mark.unit
+def test_address_profiles_refuse_plaintext_to_another_machine(tmp_path: Path) -> None:
+    from clusterkit.errors import BadInput, ProfileError
+    from clusterkit.profiles import load_profile
+
+    (tmp_path / "far.yaml").write_text("backend: address\naddress: tcp://10.9.8.7:8786\n")
+    with pytest.raises(BadInput, match="refusing to attach in plaintext"):
+        get_client(str(tmp_path / "far.yaml"))  # refused before any packet leaves
+    (tmp_path / "tlsless.yaml").write_text("backend: address\naddress: tls://127.0.0.1:1\n")
+    with pytest.raises(ProfileError, match="needs the client's `tls:` files"):
+        load_profile(tmp_path / "tlsless.yaml")
+    ok = "backend: address\naddress: tcp://10.9.8.7:8786\nallow_plaintext: true\n"
+    (tmp_path / "mine.yaml").write_text(ok)
+    assert load_profile(tmp_path / "mine.yaml").protocol == "tcp"  # from the address
+
+
+@pytest.mark.unit
+def test_dashboard_binds_loopback_and_prints_the_tunnel_for_a_remote_one() -> None:
+    from clusterkit.backends.options import dashboard_address
+    from clusterkit.monitor import dashboard_tunnel
+
+    assert dashboard_address(None, 0) == "127.0.0.1:0"  # never Dask's every-interface ":0"
+    far = ClusterRecord(
+        name="c",
+        backend="slurm",
+        profile="p",
+        profile_source=None,
+        digest="",
+        address="",
+        dashboard="http://127.0.0.1:8790/status",
+        pid=1,
+        security={},
+        min_workers=0,
+        host="login7",
+    )
+    assert dashboard_tunnel(far) == (
+        "ssh -N -L 8790:127.0.0.1:8790 login7",
+        "http://localhost:8790/status",
+    )
+    far.host = state.HOST
+    assert dashboard_tunnel(far) is None
+    pods = ClusterRecord(
+        name="k",
+        backend="kubernetes",
+        profile="p",
+        profile_source=None,
+        digest="",
+        address="",
+        dashboard="http://localhost:40001/status",
+        pid=None,
+        security={},
+        min_workers=0,
+        extra={"name": "k", "namespace": "research"},
+    )
+    command, link = dashboard_tunnel(pods) or ("", "")
+    assert command == "kubectl port-forward -n research service/k-scheduler 40001:8787"
+    assert link == "http://localhost:40001/status"

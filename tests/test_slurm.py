@@ -207,7 +207,7 @@ def test_render_matches_the_submitted_script(slurm: S.Slurm, tmp_path: Path) -> 
 def test_contract_slurm(slurm: S.Slurm, tmp_path: Path) -> None:
     path = profile_file(tmp_path, "contract")
     record = run_contract(path, scale_to=2)
-    assert record.address.startswith("tcp://127.0.0.1:")
+    assert record.address.startswith("tls://127.0.0.1:")  # mutual TLS by default
     assert record.backend == "slurm"
 
 
@@ -446,7 +446,7 @@ def test_ddp_two_ranks_in_two_jobs(slurm: S.Slurm, tmp_path: Path) -> None:
 def test_bundled_slurm_gpu_profile_renders() -> None:
     script = api.render("slurm-gpu")
     assert "#SBATCH --gres=gpu:2" in script and "#SBATCH -J ck-slurm-gpu-<id>" in script
-    assert "--resources GPU=1" in script and "--enable-infiniband" in script
+    assert "--resources GPU=1" in script and "--tls-key <cluster-dir>/worker-key.pem" in script
     assert "~" not in script.split("\n#SBATCH -p")[0], "log paths must be expanded"
 
 

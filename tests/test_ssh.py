@@ -23,7 +23,7 @@ from clusterkit.backends.ssh import backend as ssh
 from clusterkit.backends.ssh.backend import SSHBackend
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SSHProfile
-from clusterkit.security import ClusterSecurity, prepare
+from clusterkit.security import SERVER_NAMES, ClusterSecurity, prepare
 from tests import sshd as S
 
 SSH = SSHBackend()
@@ -115,11 +115,14 @@ def test_render_gpu_uses_dask_cuda_and_gpu_resource(lab: Lab) -> None:
 
 
 def test_render_tls_points_at_private_remote_copies(lab: Lab) -> None:
-    security = ClusterSecurity("tls", "/x/ca.pem", "/x/cert.pem", "/x/key.pem")
-    text = ssh.render(lab.profile(protocol="tls"), security)
+    security = ClusterSecurity.in_directory("/x")
+    text = ssh.render(lab.profile(), security)  # mutual TLS: the default
     assert "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True" in text
-    assert "$HOME/.clusterkit/run/<cluster-id>/key.pem" in text and '"protocol": "tls"' in text
-    assert "/x/key.pem" not in text  # local paths never reach the hosts' command lines
+    assert "$HOME/.clusterkit/run/<cluster-id>/worker-key.pem" in text
+    assert "$HOME/.clusterkit/run/<cluster-id>/scheduler-key.pem" in text
+    assert '"protocol": "tls"' in text
+    assert "/x/" not in text  # local paths never reach the hosts' command lines
+    assert "/key.pem" not in text  # nor does the client's key
 
 
 def test_host_keys_strict_by_default_and_warned_when_off(
@@ -180,7 +183,8 @@ def test_tls_cluster_refuses_clients_without_its_certificates(lab: Lab, tmp_path
             )
         (remote,) = set(dirs.values())
         assert stat.S_IMODE(os.stat(remote).st_mode) == 0o700
-        for name_ in ("ca.pem", "cert.pem", "key.pem"):
+        assert sorted(os.listdir(remote)) == sorted(SERVER_NAMES)  # not the client's key
+        for name_ in SERVER_NAMES:
             assert stat.S_IMODE(os.stat(f"{remote}/{name_}").st_mode) == 0o600
         plain = "tcp://" + record.address.split("://", 1)[1]
         with pytest.raises((OSError, TimeoutError)):

@@ -261,6 +261,14 @@ class AddressProfile(ProfileCommon):
                 return {**data, "protocol": scheme}
         return data
 
+    @model_validator(mode="after")
+    def _tls_files(self) -> AddressProfile:
+        if self.protocol == "tls" and self.tls is None:
+            raise ValueError(
+                "a tls:// scheduler needs the client's `tls:` files (ca_file, cert_file, key_file)"
+            )
+        return self
+
     @property
     def min_workers(self) -> int:
         return self.workers

@@ -303,3 +303,8 @@ checkov.io/skip1: CKV_K8S_21=namespace is the release namespace chosen with helm
 checkov.io/skip2: CKV_K8S_15=image.pullPolicy is a value and the default tag is pinned
 checkov.io/skip3: CKV_K8S_43=image is pinned by tag and image.digest pulls by digest
 {{- end -}}
+
+{{/* Dask's default scheduler HTTP routes plus its API, for the operator (see daskcluster.yaml). */}}
+{{- define "clusterkit.operatorRoutes" -}}
+["distributed.http.scheduler.prometheus", "distributed.http.scheduler.info", "distributed.http.scheduler.json", "distributed.http.health", "distributed.http.proxy", "distributed.http.statics", "distributed.http.scheduler.api"]
+{{- end -}}

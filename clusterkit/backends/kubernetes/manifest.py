@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import ProfileError
 from clusterkit.schema import cuda
-from clusterkit.security import CA_NAME, ROLE_FILES
+from clusterkit.security import CA_NAME, ROLE_FILES, operator_http_env
 
 if TYPE_CHECKING:
     from clusterkit.schema import K8sResources, KubernetesProfile, WorkerGroup, WorkerSpec
@@ -186,7 +186,8 @@ def scheduler_spec(
         "image": profile.image,
         "imagePullPolicy": profile.image_pull_policy,
         "args": scheduler_args(profile, security),
-        "env": _env(profile, security),
+        "env": _env(profile, security)
+        + [{"name": k, "value": v} for k, v in operator_http_env(security).items()],
         "ports": [
             {"name": "tcp-comm", "containerPort": SCHEDULER_PORT, "protocol": "TCP"},
             {"name": "http-dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"},
