@@ -491,10 +491,33 @@ def test_notes_print_an_address_profile(tmp_path: Path) -> None:
     assert warning.startswith("WARNING: protocol tcp") and "run code as the workers" in warning
 
 
-def run_test_pod(pod: dict[str, Any], secrets: list[dict[str, Any]], tmp_path: Path) -> str:
+def stranger_files(directory: Path) -> Path:
+    """A client certificate and key of a CA that is not the release's, in the Secret's layout:
+    what a pod without the client Secret could present at best."""
+    from clusterkit.security import generate_tls
+
+    own = generate_tls(directory / "made")
+    directory.mkdir(exist_ok=True)
+    for name, path in (
+        ("ca.crt", own.ca_file),
+        ("tls.crt", own.cert_file),
+        ("tls.key", own.key_file),
+    ):
+        (directory / name).write_bytes(Path(str(path)).read_bytes())
+    return directory
+
+
+def run_test_pod(
+    pod: dict[str, Any],
+    secrets: list[dict[str, Any]],
+    tmp_path: Path,
+    *,
+    stranger: bool = False,
+) -> str:
     """Play kubelet for the `helm test` pod: start a real scheduler and worker on loopback (with
     tls, from the scheduler's and the worker's Secrets, encryption required), mount the client
-    Secret's files and run the pod's script; returns its output, failing on a non-zero exit."""
+    Secret's files and run the pod's script; returns its output, failing on a non-zero exit.
+    ``stranger``: the same pod with another CA's client files instead must fail."""
     from distributed import LocalCluster
     from distributed.security import Security
 
@@ -537,6 +560,21 @@ def run_test_pod(pod: dict[str, Any], secrets: list[dict[str, Any]], tmp_path: P
         assert cluster.scheduler_address.startswith(f"{protocol}://")
         env["SCHEDULER_ADDRESS"] = cluster.scheduler_address
         env["TEST_TIMEOUT"] = "30"
+        if stranger and protocol == "tls":
+            outsider = {
+                **env,
+                "TLS_DIR": str(stranger_files(tmp_path / "stranger")),
+                "TEST_TIMEOUT": "5",
+            }
+            refused = subprocess.run(
+                [sys.executable, *c["command"][1:]],
+                env={**os.environ, **outsider},
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+            assert refused.returncode != 0, "a pod without the client Secret ran a task"
+            assert "FatalCommClosedError" in refused.stderr, refused.stderr[-2000:]  # TLS
         result = subprocess.run(
             [sys.executable, *c["command"][1:]],
             env={**os.environ, **env},
@@ -556,7 +594,7 @@ def test_helm_test_pod_connects_and_runs_a_task(protocol: str, tmp_path: Path) -
     (pod,) = by_kind(docs, "Pod")
     env = {e["name"]: e["value"] for e in container(pod)["env"]}
     assert env["SCHEDULER_ADDRESS"] == f"{protocol}://demo-scheduler.dask.svc.cluster.local:8786"
-    output = run_test_pod(pod, by_kind(docs, "Secret"), tmp_path)
+    output = run_test_pod(pod, by_kind(docs, "Secret"), tmp_path, stranger=True)
     assert "ok: 1 worker(s)" in output
 
 
