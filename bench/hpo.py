@@ -28,6 +28,24 @@ from typing import Any
 import numpy as np
 
 N_TRIALS = 60
+#: The clusters' protocol: "tls" is clusterkit's default (its own CA and keys, made per run),
+#: set by --protocol; the hand loops run on the same cluster.
+PROTOCOL = {"name": "tls"}
+
+
+def cluster_security() -> dict[str, Any]:
+    """LocalCluster keywords for the chosen protocol (mutual TLS as clusterkit sets it up)."""
+    if PROTOCOL["name"] != "tls":
+        return {"protocol": "tcp://"}
+    import tempfile
+    from pathlib import Path
+
+    from clusterkit.security import generate_tls
+
+    security = generate_tls(Path(tempfile.mkdtemp(prefix="bench-tls-")))
+    return {"protocol": "tls://", "security": security.distributed()}
+
+
 BOUNDS = [(-5.0, 10.0), (0.0, 15.0), (-5.0, 10.0), (0.0, 15.0)]
 
 
@@ -233,7 +251,11 @@ def bench_zero(sizes: list[int]) -> None:
 
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+            n_workers=2,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+            **cluster_security(),
         ) as cluster,
         Client(cluster) as client,
     ):
@@ -273,7 +295,11 @@ def bench_slots(n: int, workers: int, threads: int, storage: str) -> None:
     ideal = ideal_makespan(times, slots)
     with (
         LocalCluster(
-            n_workers=workers, threads_per_worker=threads, host="127.0.0.1", dashboard_address=None
+            n_workers=workers,
+            threads_per_worker=threads,
+            host="127.0.0.1",
+            dashboard_address=None,
+            **cluster_security(),
         ) as cluster,
         Client(cluster) as client,
     ):
@@ -301,7 +327,11 @@ def main() -> None:
     parser.add_argument("--zero", type=int, nargs="*", help="zero-length trial counts to run")
     parser.add_argument("--slots", type=int, nargs="*", help="TRIALS WORKERS THREADS")
     parser.add_argument("--storage", default="journal", choices=["journal", "memory"])
+    parser.add_argument(
+        "--protocol", default="tls", choices=["tls", "tcp"], help="tls: clusterkit's default"
+    )
     args = parser.parse_args()
+    PROTOCOL["name"] = args.protocol
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if args.zero or args.slots:
         import optuna
@@ -328,7 +358,11 @@ def main() -> None:
     for workers in args.workers:
         results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in methods}
         cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+            n_workers=workers,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+            **cluster_security(),
         )
         client = Client(cluster)
         try:

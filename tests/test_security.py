@@ -365,17 +365,24 @@ OWNER_ATTACHES = textwrap.dedent("""
 # ------------------------------------------------------------------ slurm, kubernetes
 
 
-@pytest.mark.slurm
-def test_default_slurm_cluster_refuses_a_client_without_certificates(
-    slurm: SL.Slurm, tmp_path: Path
-) -> None:
-    record = api.up(profile_file(tmp_path, "sec-slurm"))
+def assert_up_cluster_refuses_strangers(profile: Path) -> None:
+    """`up` the profile's default cluster: a client without its certificates is refused at
+    the recorded address (for Kubernetes, the port-forward on 127.0.0.1), its owner is not."""
+    record = api.up(profile)
     try:
+        assert record.address.split("://")[1].startswith("127.0.0.1:"), record.address
         probe = probe_here(both_schemes(record.address))
         owner_runs_a_task(record.name)
     finally:
         api.down(record.name)
     assert_refused(probe, "a client without certificates")
+
+
+@pytest.mark.slurm
+def test_default_slurm_cluster_refuses_a_client_without_certificates(
+    slurm: SL.Slurm, tmp_path: Path
+) -> None:
+    assert_up_cluster_refuses_strangers(profile_file(tmp_path, "sec-slurm"))
 
 
 @pytest.mark.kubernetes
@@ -386,14 +393,7 @@ def test_default_kubernetes_cluster_refuses_a_client_without_certificates(
 ) -> None:
     """The probe dials the scheduler where the test's port-forward exposes it (the record's
     address on 127.0.0.1)."""
-    record = api.up(write_profile(tmp_path, "sec-k8s", workers=1))
-    try:
-        assert record.address.split("://")[1].startswith("127.0.0.1:"), record.address
-        probe = probe_here(both_schemes(record.address))
-        owner_runs_a_task(record.name)
-    finally:
-        api.down(record.name)
-    assert_refused(probe, "a client without certificates")
+    assert_up_cluster_refuses_strangers(write_profile(tmp_path, "sec-k8s", workers=1))
 
 
 @pytest.mark.local
