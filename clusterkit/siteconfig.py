@@ -2,17 +2,23 @@
 
 Batch sites keep their queue, account, walltime and job directives in Dask config
 (``~/.config/dask/jobqueue.yaml``, ``/etc/dask/``, ``DASK_JOBQUEUE__SLURM__QUEUE=...``), as
-dask-jobqueue's documentation recommends. Each option of a SLURM or PBS profile that the profile
-(with its ``extends`` chain) leaves unset is taken from the site's ``jobqueue.<system>`` section.
+dask-jobqueue's documentation recommends. Each option of a SLURM, PBS, Grid Engine or HTCondor
+profile that the profile (with its ``extends`` chain) leaves unset is taken from the site's
+``jobqueue.<system>`` section (Grid Engine's ``project`` is the profile's ``account``).
 A value equal to dask-jobqueue's packaged default counts as unset: dask-jobqueue copies its
 defaults into ``~/.config/dask/jobqueue.yaml``, so a site's choice cannot be told from them.
+
+A leaf: ``profiles`` calls it while loading, and it calls nothing of clusterkit's back.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clusterkit.yamlmap import Located
 
 #: Profile field -> dask-jobqueue option, for the options a profile can set.
 FIELDS = {
@@ -30,7 +36,13 @@ FIELDS = {
     "job_extra": "job-extra-directives",
     "prologue": "job-script-prologue",
 }
-SECTIONS = {"slurm": "jobqueue.slurm", "pbs": "jobqueue.pbs"}
+SECTIONS = {system: f"jobqueue.{system}" for system in ("slurm", "pbs", "sge", "htcondor")}
+#: Options only some systems' profiles have: ``(backend, field) -> dask-jobqueue option``.
+EXTRA_FIELDS = {
+    ("sge", "account"): "project",
+    ("sge", "resource_spec"): "resource-spec",
+    ("htcondor", "disk"): "disk",
+}
 
 
 @cache
@@ -56,11 +68,14 @@ def site_values(backend: str) -> dict[str, tuple[Any, str]]:
     import dask
 
     defaults = _packaged_defaults(section)
+    extra = {field: option for (system, field), option in EXTRA_FIELDS.items() if system == backend}
     found = {}
-    for field, option in FIELDS.items():
+    for field, option in {**FIELDS, **extra}.items():
         value = dask.config.get(f"{section}.{option}", default=None)
-        if value is None or value == [] or value == defaults.get(option):
+        if value is None or value in ([], {}) or value == defaults.get(option):
             continue
+        if isinstance(value, dict):  # HTCondor's submit commands
+            value = [f"{key} = {item}" for key, item in value.items()]
         found[field] = (value, f"{section}.{option}")
     return found
 
@@ -75,24 +90,23 @@ def fill(data: dict[str, Any], backend: str) -> dict[str, str]:
     return filled
 
 
-def explain(ref: str) -> list[tuple[str, str, str]]:
-    """``(setting, value, source)`` for every setting of a profile; the source is the profile
-    file and line, the Dask config key, ``default``, or ``derived`` (computed from others)."""
+def explain(profile: Any, located: Located) -> list[tuple[str, str, str]]:
+    """``(setting, value, source)`` for every setting of a profile as ``profiles.load_located``
+    returns it; the source is the profile file and line, the Dask config key, ``default``, or
+    ``derived`` (computed from others)."""
     import json
 
-    from clusterkit.profiles import load_located
-
-    profile, located = load_located(ref)
+    lines, filled = located.lines, located.filled
     rows = []
     for name, value in profile.model_dump(mode="json").items():
         nested = isinstance(value, dict) and value
         for key, item in value.items() if nested else [(None, value)]:
             path = (name,) if key is None else (name, key)
-            where = located.lines.get(path)
+            where = lines.get(path)
             if where:
                 source = f"{where[0]}:{where[1]}"
-            elif name in located.filled:
-                source = f"Dask config {located.filled[name]}"
+            elif name in filled:
+                source = f"Dask config {filled[name]}"
             else:
                 source = "default" if item == _default(profile, path) else "derived"
             shown = item if isinstance(item, str) else json.dumps(item)

@@ -28,6 +28,8 @@ TIERS = (
     "ssh",
     "slurm",
     "pbs",
+    "sge",
+    "htcondor",
     "kubernetes",
     "chart",
     "terraform",
@@ -201,3 +203,24 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             yield cluster
         finally:
             cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def sge() -> Iterator[Any]:
+    """One Grid Engine cell for the session (tests/sge.py); a missing install fails (the tier
+    is required), never skips."""
+    from tests import sge as harness
+
+    absent = harness.missing()
+    if absent:
+        pytest.fail(
+            f"Grid Engine is not installed (missing {absent}): run scripts/setup/25-gridengine.sh"
+        )
+    cell = harness.start()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in cell.env().items():  # qsub/qstat here and in supervisors
+            patch.setenv(key, value)
+        try:
+            yield cell
+        finally:
+            cell.stop()

@@ -2,7 +2,10 @@
 
 ``start(directory)`` writes slurm.conf (infra.md §3a), starts the daemons and waits for the node
 to be idle; ``Slurm.stop()`` cancels every job, waits for the queue to empty, and stops the
-daemons by the PIDs in their pid files; munged too, unless it was already running.
+daemons by the PIDs in their pid files; munged too, if this process started it and no other
+SLURM of this process still uses it. Whether munged runs is asked of munged itself (a stopped
+munged lingers as a zombie that ``pgrep`` still lists), so a tier passes on its own, in any
+order, with or without a munged left from earlier.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ class Slurm:
             if pid:
                 _stop_pid(pid)
         if self.munged_pid:
-            _stop_pid(self.munged_pid)
+            _release_munged(self.munged_pid)
 
 
 def _read_pid(path: Path) -> int | None:
@@ -146,15 +149,33 @@ def _stop_pid(pid: int, timeout: float = 10.0) -> None:
 
 
 def _munged_running() -> bool:
-    done = subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False)
+    """munged answers: a credential encodes and decodes (a zombie munged does neither)."""
+    done = subprocess.run(
+        "munge -n | unmunge", shell=True, capture_output=True, timeout=30, check=False
+    )
     return done.returncode == 0
 
 
 MUNGED_PID = Path("/run/munge/munged.pid")
+#: Harness SLURMs of this process using the munged it started (PID -> count).
+_munged_users: dict[int, int] = {}
+
+
+def _release_munged(pid: int) -> None:
+    """One user fewer; the last one stops the munged this process started."""
+    _munged_users[pid] = _munged_users.get(pid, 1) - 1
+    if _munged_users[pid] <= 0:
+        del _munged_users[pid]
+        _stop_pid(pid)
 
 
 def ensure_munged() -> int | None:
-    """Start munged (SLURM's auth) unless it runs; its PID when started here, else None."""
+    """Start munged (SLURM's auth) unless it runs; the PID of the munged this process started
+    (counted once more per caller, see ``_release_munged``), else None."""
+    for ours in _munged_users:
+        if _alive(ours):
+            _munged_users[ours] += 1
+            return ours
     if _munged_running():
         return None
     os.makedirs("/run/munge", exist_ok=True)
@@ -163,9 +184,10 @@ def ensure_munged() -> int | None:
     subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, timeout=30)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        check = subprocess.run("munge -n | unmunge", shell=True, capture_output=True, check=False)
-        if check.returncode == 0:
-            return _read_pid(MUNGED_PID)
+        pid = _read_pid(MUNGED_PID)
+        if pid and _alive(pid) and _munged_running():
+            _munged_users[pid] = 1
+            return pid
         time.sleep(0.1)
     raise RuntimeError("munged did not start")
 

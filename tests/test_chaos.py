@@ -1,13 +1,13 @@
 """Chaos: SIGKILL the supervisor (which hosts the scheduler on local and slurm), a worker, the
 driver, or on SSH the remote scheduler or the SSH connections, at a seeded random moment of
-`up`, `scale` or a search, on the local, ssh, slurm and kubernetes backends (Kubernetes: the
+`up`, `scale` or a search, on the local, ssh, slurm, sge and kubernetes backends (Kubernetes: the
 `up` or search process, or a pod's scheduler or worker process). Then nothing of the cluster may
 be left after `down` (processes, remote processes and folders, batch jobs), `ls` must agree
 with what runs, and a search holds each trial once.
 
 Replay one case with ``CLUSTERKIT_CHAOS_SEED=<seed> pytest tests/test_chaos.py -k "local and
 case7"``; ``CLUSTERKIT_CHAOS_KILLS`` sets how many cases per backend (CI: 10). ``bench/chaos.py``
-runs more.
+runs more. Grid Engine runs 3 cases (``CLUSTERKIT_CHAOS_SGE_KILLS`` sets more).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from clusterkit import state
+from tests import sge as SGE
 from tests import slurm as SLURM
 from tests import sshd as SSHD
 from tests.test_kubernetes import Harness, clean, k8s, write_profile  # noqa: F401 - fixtures
@@ -38,11 +39,13 @@ pytestmark = pytest.mark.chaos
 
 SEED = int(os.environ.get("CLUSTERKIT_CHAOS_SEED", "20261124"))
 KILLS = int(os.environ.get("CLUSTERKIT_CHAOS_KILLS", "10"))
+SGE_KILLS = int(os.environ.get("CLUSTERKIT_CHAOS_SGE_KILLS", min(KILLS, 3)))
 PHASES = ("up", "scale", "hpo")
 VICTIMS = {
     "local": ("supervisor", "worker", "driver"),
     "ssh": ("supervisor", "scheduler", "worker", "driver", "connection"),
     "slurm": ("supervisor", "worker", "driver"),
+    "sge": ("supervisor", "worker", "driver"),
     "kubernetes": ("scheduler", "worker", "driver"),
 }
 TRIALS = 10
@@ -305,6 +308,30 @@ def test_chaos_slurm(index: int, tmp_path: Path, slurm: SLURM.Slurm) -> None:
         return True
 
     run_case(Target("slurm", profile, 2, kill_remote, jobs), index, tmp_path)
+
+
+@pytest.mark.parametrize("index", range(SGE_KILLS), ids=[f"case{i}" for i in range(SGE_KILLS)])
+@pytest.mark.timeout(600)
+def test_chaos_sge(index: int, tmp_path: Path, sge: SGE.SGE) -> None:
+    import yaml
+
+    from tests.test_sge import profile_data
+
+    profile = tmp_path / "chaos-sge.yaml"
+    profile.write_text(yaml.safe_dump({**profile_data(tmp_path), "death_timeout": 10}))
+
+    def jobs(name: str) -> list[str]:
+        return [line.split()[0] for line in sge.queue() if f" ck-{name}-" in line]
+
+    def kill_remote(victim: str, name: str) -> bool:
+        if victim != "worker":
+            return False
+        found = wait_for(lambda: jobs(name), 30)
+        if found:
+            sge.run("qdel", "-f", found[0])  # execd SIGKILLs the job's processes
+        return True
+
+    run_case(Target("sge", profile, 2, kill_remote, jobs), index, tmp_path)
 
 
 @pytest.mark.parametrize("index", range(KILLS), ids=IDS)

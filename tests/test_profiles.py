@@ -66,7 +66,7 @@ CASES = [
     ("list.yaml", "- a\n- b\n", "list.yaml:1: the top level must be a mapping, got a list"),
     ("nobackend.yaml", "workers: 2\n",
      "nobackend.yaml:1: backend: required field is missing (one of: local, local-cuda, ssh, "
-     "slurm, pbs, kubernetes, address)"),
+     "slurm, pbs, sge, htcondor, kubernetes, address)"),
     ("unknownbackend.yaml", "backend: locl\n",
      "unknownbackend.yaml:1: backend: unknown backend 'locl' (did you mean 'local'?)"),
     ("unknownkey.yaml", "backend: local\nworker:\n  thraeds: 2\n",

@@ -177,6 +177,8 @@ BUILTIN: dict[str, str] = {
     "ssh": "clusterkit.backends.ssh.backend:SSHBackend",
     "slurm": "clusterkit.backends.jobqueue.backend:SLURMBackend",
     "pbs": "clusterkit.backends.jobqueue.backend:PBSBackend",
+    "sge": "clusterkit.backends.jobqueue.sge:SGEBackend",
+    "htcondor": "clusterkit.backends.jobqueue.htcondor:HTCondorBackend",
     "kubernetes": "clusterkit.backends.kubernetes.backend:KubernetesBackend",
     "address": "clusterkit.backends.address:AddressBackend",
 }

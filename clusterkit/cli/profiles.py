@@ -145,9 +145,10 @@ def render(
     from clusterkit.errors import BadInput
 
     if explain:
-        from clusterkit import console, siteconfig
+        from clusterkit import console, profiles, siteconfig
 
-        console.table(None, ["setting", "value", "source"], siteconfig.explain(name))
+        rows = siteconfig.explain(*profiles.load_located(name))
+        console.table(None, ["setting", "value", "source"], rows)
         return
     if format_ not in RENDER_FORMATS:
         raise BadInput(f"unknown format {format_!r}", hint=f"one of: {', '.join(RENDER_FORMATS)}")

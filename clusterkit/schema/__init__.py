@@ -11,12 +11,14 @@ from pydantic import Field
 
 from clusterkit.schema.backends import (
     AddressProfile,
+    HTCondorProfile,
     JobQueueProfile,
     K8sResources,
     KubernetesProfile,
     LocalCUDAProfile,
     LocalProfile,
     PBSProfile,
+    SGEProfile,
     SLURMProfile,
     SSHProfile,
     WorkerGroup,
@@ -46,6 +48,7 @@ __all__ = [
     "AddressProfile",
     "AnyProfile",
     "ClusterProfile",
+    "HTCondorProfile",
     "JobQueueProfile",
     "K8sResources",
     "KubernetesProfile",
@@ -53,6 +56,7 @@ __all__ = [
     "LocalProfile",
     "PBSProfile",
     "ProfileCommon",
+    "SGEProfile",
     "SLURMProfile",
     "SSHProfile",
     "SchedulerSpec",
@@ -71,6 +75,8 @@ AnyProfile = Union[  # noqa: UP007 - pydantic discriminated unions read clearer 
     SSHProfile,
     SLURMProfile,
     PBSProfile,
+    SGEProfile,
+    HTCondorProfile,
     KubernetesProfile,
     AddressProfile,
 ]
@@ -81,6 +87,8 @@ MODELS: dict[str, type[ProfileCommon]] = {
     "ssh": SSHProfile,
     "slurm": SLURMProfile,
     "pbs": PBSProfile,
+    "sge": SGEProfile,
+    "htcondor": HTCondorProfile,
     "kubernetes": KubernetesProfile,
     "address": AddressProfile,
 }

@@ -199,6 +199,56 @@ class PBSProfile(JobQueueProfile):
     resource_spec: str | None = Field(None, description="override the select=... line")
 
 
+_RESOURCE_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+
+class SGEProfile(JobQueueProfile):
+    """Workers in Grid Engine jobs (dask_jobqueue.SGECluster); ``account`` is the project
+    (``-P``). Memory and GPU requests use the site's resource names."""
+
+    backend: Literal["sge"]
+    parallel_environment: str | None = Field(
+        None, description="PE that gives a job `cores` slots (-pe NAME cores), e.g. smp"
+    )
+    gpu_resource: str = Field(
+        "gpu", pattern=_RESOURCE_NAME, description="the site's GPU resource (-l NAME=gpus)"
+    )
+    memory_resource: str | None = Field(
+        None,
+        pattern=_RESOURCE_NAME,
+        description="memory resource, per slot (-l NAME=memory/slots), e.g. h_vmem, mem_free",
+    )
+    resource_spec: str | None = Field(None, description="override the -l resource list")
+
+    @model_validator(mode="after")
+    def _slots(self) -> SGEProfile:
+        if self.cores > 1 and not self.parallel_environment:
+            raise ValueError(
+                f"cores: {self.cores} needs parallel_environment (e.g. smp): without one a "
+                "Grid Engine job gets one slot"
+            )
+        return self
+
+
+class HTCondorProfile(JobQueueProfile):
+    """Workers in HTCondor jobs (dask_jobqueue.HTCondorCluster); ``account`` is the
+    accounting group; ``job_extra`` holds submit commands (``key = value``)."""
+
+    backend: Literal["htcondor"]
+    disk: Size = Field(10 * 2**30, description="scratch disk per job (request_disk)")
+
+    @model_validator(mode="after")
+    def _submit_commands(self) -> HTCondorProfile:
+        if self.queue:
+            raise ValueError(
+                "HTCondor has no queues: match machines with job_extra: ['requirements = ...']"
+            )
+        for line in self.job_extra:
+            if "=" not in line:
+                raise ValueError(f"job_extra: {line!r} is not a submit command (key = value)")
+        return self
+
+
 class K8sResources(Strict):
     requests: dict[str, str] = Field(default_factory=dict)
     limits: dict[str, str] = Field(default_factory=dict)

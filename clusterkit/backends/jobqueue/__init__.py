@@ -1,2 +1,3 @@
-"""The ``slurm`` and ``pbs`` backends over dask-jobqueue: job options and the backends
-(``backend``), the batch systems' command lines (``batch``), the cluster classes (``cluster``)."""
+"""The batch backends over dask-jobqueue: ``slurm`` and ``pbs`` (``backend``), ``sge`` (``sge``),
+``htcondor`` (``htcondor``); job options (``jobs``), the batch systems' command lines
+(``batch``), the cluster classes (``cluster``)."""

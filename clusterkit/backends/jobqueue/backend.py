@@ -1,4 +1,5 @@
-"""The slurm and pbs backends: dask-jobqueue's SLURMCluster and PBSCluster, walltime-aware."""
+"""What every batch backend shares (``JobQueueBackend``), and the slurm and pbs backends:
+dask-jobqueue's SLURMCluster and PBSCluster, walltime-aware."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from clusterkit.backends.base import Backend, Capability, Check, Requirement, StatusRow
 from clusterkit.backends.jobqueue.batch import (
-    QUEUES,
+    BatchQueue,
     JobInfo,
     PBSQueue,
     SlurmQueue,
@@ -20,12 +21,12 @@ from clusterkit.backends.jobqueue.jobs import (
     ADDRESS_PLACEHOLDER,
     WORKER_NAME_PLACEHOLDER,
     UnmadeDirectory,
+    hms,
     job_kwargs,
     scheduler_options,
 )
 from clusterkit.errors import BadInput, ClusterkitError, ClusterStartError
 from clusterkit.schema import PBSProfile, SLURMProfile
-from clusterkit.units import walltime_seconds
 
 if TYPE_CHECKING:
     from distributed.deploy.cluster import Cluster
@@ -62,10 +63,12 @@ class JobQueueBackend(Backend):
         | {Capability.REMOTE}
     )
     REQUIRES = (Requirement("dask_jobqueue", "dask-jobqueue", "jobqueue"),)
-    QUEUE: ClassVar[SlurmQueue | PBSQueue]
+    QUEUE: ClassVar[BatchQueue]
     JOB_NAME_LIMIT: ClassVar[int]
     #: glob of a job's stderr log in the log directory
     LOG_PATTERN: ClassVar[str]
+    #: how to list the batch system's queues (doctor's hint)
+    QUEUE_HINT: ClassVar[str] = ""
 
     def job_class(self) -> type[Any]:
         """dask-jobqueue's Job class of this batch system."""
@@ -273,7 +276,11 @@ class JobQueueBackend(Backend):
     def doctor(self, profile: JobQueueProfile, security: ClusterSecurity) -> list[Check]:
         from clusterkit.backends.jobqueue.doctor import doctor
 
-        return doctor(self, profile)
+        return doctor(self, profile) + self.site_checks(profile)
+
+    def site_checks(self, profile: JobQueueProfile) -> list[Check]:
+        """Checks only this batch system has (its resources, parallel environments)."""
+        return []
 
 
 class SLURMBackend(JobQueueBackend):
@@ -282,8 +289,9 @@ class SLURMBackend(JobQueueBackend):
     NAME = "slurm"
     Profile = SLURMProfile
     JOB_NAME_LIMIT = 64
-    QUEUE = QUEUES["slurm"]
+    QUEUE = SlurmQueue()
     LOG_PATTERN = "*.err"
+    QUEUE_HINT = "`sinfo -s`"
 
     def job_class(self) -> type[Any]:
         from dask_jobqueue.slurm import SLURMJob
@@ -316,8 +324,9 @@ class PBSBackend(JobQueueBackend):
     NAME = "pbs"
     Profile = PBSProfile
     JOB_NAME_LIMIT = 15  # Torque and older PBS; PBS Pro allows more
-    QUEUE = QUEUES["pbs"]
+    QUEUE = PBSQueue()
     LOG_PATTERN = "{job_name}.e*"
+    QUEUE_HINT = "`qstat -Q`"
 
     def job_class(self) -> type[Any]:
         from dask_jobqueue.pbs import PBSJob
@@ -335,8 +344,7 @@ class PBSBackend(JobQueueBackend):
         from dask_jobqueue.pbs import pbs_format_bytes_ceil
 
         kwargs = super().job_options(profile, security, job_name)
-        hours, seconds = divmod(walltime_seconds(profile.walltime), 3600)
-        kwargs["walltime"] = f"{hours:02d}:{seconds // 60:02d}:{seconds % 60:02d}"  # no days
+        kwargs["walltime"] = hms(profile.walltime)  # no days
         spec = getattr(profile, "resource_spec", None)
         if spec is None:
             spec = f"select=1:ncpus={profile.cores}:mem={pbs_format_bytes_ceil(profile.memory)}"

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,19 @@ class JobInfo:
     nodes: str = ""
     elapsed: str = ""
     stderr_path: str | None = None
+
+
+class BatchQueue(Protocol):
+    """What the backends ask of a batch system's command-line tools."""
+
+    system: str
+    cancel_command: str
+
+    def named(self, job_name: str) -> list[str]: ...
+    def jobs(self, job_ids: Iterable[str]) -> dict[str, JobInfo]: ...
+    def queue_exists(self, name: str) -> bool | None: ...
+    def stderr_path(self, job_id: str) -> str | None: ...
+    def cancel(self, job_ids: Sequence[str]) -> None: ...
 
 
 def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
@@ -161,12 +175,7 @@ def parse_qstat_full(job_id: str, text: str) -> JobInfo:
     )
 
 
-QUEUES: dict[str, SlurmQueue | PBSQueue] = {"slurm": SlurmQueue(), "pbs": PBSQueue()}
-
-
-def cancel_and_wait(
-    queue: SlurmQueue | PBSQueue, job_ids: Sequence[str], timeout: float
-) -> list[str]:
+def cancel_and_wait(queue: BatchQueue, job_ids: Sequence[str], timeout: float) -> list[str]:
     """Cancel jobs still queued and wait until the queue no longer lists them; the ones left."""
     left = sorted(queue.jobs(job_ids))
     deadline = time.monotonic() + timeout

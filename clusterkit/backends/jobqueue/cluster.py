@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dask_jobqueue import PBSCluster, SLURMCluster
+from dask_jobqueue import HTCondorCluster, PBSCluster, SGECluster, SLURMCluster
 
-from clusterkit.backends.jobqueue.batch import QUEUES, cancel_and_wait
+from clusterkit.backends.jobqueue.batch import BatchQueue, PBSQueue, SlurmQueue, cancel_and_wait
+from clusterkit.backends.jobqueue.htcondor import HTCondorQueue
+from clusterkit.backends.jobqueue.sge import SGEQueue
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ class _DrainOnClose:
     """
 
     system: str
+    queue: BatchQueue
 
     async def _start(self) -> None:
         from tornado.ioloop import PeriodicCallback
@@ -71,7 +74,7 @@ class _DrainOnClose:
         import asyncio
 
         left = await asyncio.get_running_loop().run_in_executor(
-            None, cancel_and_wait, QUEUES[self.system], ids, DRAIN_TIMEOUT
+            None, cancel_and_wait, self.queue, ids, DRAIN_TIMEOUT
         )
         if left:
             logger.error("jobs still in the %s queue after close: %s", self.system, left)
@@ -80,7 +83,19 @@ class _DrainOnClose:
 
 class ClusterkitSLURMCluster(_DrainOnClose, SLURMCluster):
     system = "slurm"
+    queue = SlurmQueue()
 
 
 class ClusterkitPBSCluster(_DrainOnClose, PBSCluster):
     system = "pbs"
+    queue = PBSQueue()
+
+
+class ClusterkitSGECluster(_DrainOnClose, SGECluster):
+    system = "sge"
+    queue = SGEQueue()
+
+
+class ClusterkitHTCondorCluster(_DrainOnClose, HTCondorCluster):
+    system = "htcondor"
+    queue = HTCondorQueue()

@@ -1,4 +1,4 @@
-"""Doctor checks of a slurm or pbs profile."""
+"""Doctor checks of a batch-system (dask-jobqueue) profile."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def doctor(backend: JobQueueBackend, profile: JobQueueProfile) -> list[Check]:
                     f"{backend.NAME} queue '{profile.queue}'",
                     ok=known,
                     detail="exists" if known else "the batch system does not know it",
-                    fix="set queue to one listed by `sinfo -s` (SLURM) or `qstat -Q` (PBS)",
+                    fix=f"set queue to one listed by {backend.QUEUE_HINT}",
                 )
             )
     return checks

@@ -43,6 +43,12 @@ def lifetime_plan(profile: JobQueueProfile) -> tuple[float, float]:
     return lifetime, stagger
 
 
+def hms(walltime: str) -> str:
+    """A walltime as HH:MM:SS, days folded into hours (PBS and Grid Engine have no days)."""
+    hours, seconds = divmod(walltime_seconds(walltime), 3600)
+    return f"{hours:02d}:{seconds // 60:02d}:{seconds % 60:02d}"
+
+
 def _seconds(value: float) -> str:
     return f"{int(value)}s"
 
