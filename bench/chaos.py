@@ -30,7 +30,8 @@ LOG_LINE = re.compile(r"test_chaos_(\w+)\[case(\d+)\] (PASSED|FAILED|ERROR|SKIPP
 
 def run_backend(backend: str, kills: int, seed: int, keep: Path) -> None:
     """Run one backend's cases under pytest, its log and report in ``keep``."""
-    env = {**os.environ, "CLUSTERKIT_CHAOS_KILLS": str(kills), "CLUSTERKIT_CHAOS_SEED": str(seed)}
+    counts = {f"CLUSTERKIT_CHAOS{tier}_KILLS": str(kills) for tier in ("", "_SGE", "_K8S")}
+    env = {**os.environ, **counts, "CLUSTERKIT_CHAOS_SEED": str(seed)}
     report = keep / f"chaos-{backend}.xml"
     report.unlink(missing_ok=True)
     command = ["-m", "pytest", "-p", "no:cacheprovider", "-v", "-rf", "tests/test_chaos.py"]
