@@ -149,6 +149,7 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
     """
     from clusterkit.errors import ClusterkitError
 
+    stop_runs_on(name)
     try:
         record = get_record(name)
     except ClusterkitError:
@@ -174,6 +175,13 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
         # connection, a job it never heard of) must not outlive `down`
         get_backend(record.backend).teardown(record)
         state.remove_cluster(name)
+
+
+def stop_runs_on(name: str) -> list[str]:
+    """Detached runs on ``name`` are stopped first (their studies keep finished trials)."""
+    from clusterkit import runs
+
+    return runs.stop_on_cluster(name)
 
 
 def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[str]:

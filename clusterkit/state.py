@@ -320,3 +320,51 @@ def starting(name: str) -> Iterator[None]:
         if not held:
             raise ClusterExists(f"cluster '{name}' is being started by another process")
         yield
+
+
+# ------------------------------------------------------------------ run records (detached runs)
+
+
+def runs_dir() -> Path:
+    """Where detached runs keep their records (``ID.json``) and folders, beside ``clusters``."""
+    return state_dir() / "runs"
+
+
+def run_dir(run_id: str) -> Path:
+    """The private folder of one run (driver log, progress, stop request), made 0700."""
+    path = state_dir()
+    with writable(path):
+        for directory in (path, path / "runs", path / "runs" / run_id):
+            _private_dir(directory)
+    return path / "runs" / run_id
+
+
+def run_record_path(run_id: str) -> Path:
+    return runs_dir() / f"{run_id}.json"
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` atomically (temp file + rename), mode 0600, in an existing directory."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with writable(path):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_run_record(run_id: str, text: str) -> Path:
+    """The run's record, atomically and 0600 (its folder is made with it)."""
+    run_dir(run_id)
+    return write_private(run_record_path(run_id), text)
+
+
+def run_ids() -> list[str]:
+    """IDs of every run record file, readable or not (oldest name first)."""
+    return sorted(path.stem for path in runs_dir().glob("*.json"))

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "clusterkit.cli.doctor",
     "clusterkit.cli.train",
     "clusterkit.cli.hpo",
+    "clusterkit.cli.runs",
 )
 
 app = typer.Typer(

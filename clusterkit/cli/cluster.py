@@ -76,6 +76,9 @@ def down(
     if all_:
         names = api.down_all(timeout=timeout, dead_only=dead)
     else:
+        stopped = api.stop_runs_on(name)  # api.down would too, silently
+        if stopped:
+            console.message(f"stopped run(s) on cluster '{name}' first: {', '.join(stopped)}")
         api.down(name, timeout=timeout)
         names = [name]
     for closed in names:

@@ -38,11 +38,23 @@ def _on_path(directory: str | None) -> Iterator[None]:
         sys.path.remove(directory)
 
 
+def _cluster_up(name: str) -> bool:
+    """Whether ``name`` is a cluster from `up` (attached to by name: no profile needed)."""
+    from clusterkit import state
+
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return False
+    record = state.read_record(name)
+    return record is not None and state.is_live(record)
+
+
 def _check_numbers(
-    trials: int, direction: str, gpus_per_trial: float, timeout: float | None
+    trials: int, direction: str, gpus_per_trial: float, timeout: float | None, restarts: int = 0
 ) -> None:
     from clusterkit.errors import BadInput
 
+    if restarts < 0:
+        raise BadInput(f"--max-restarts must be 0 or more, got {restarts}")
     if trials < 1:
         raise BadInput(f"--trials must be at least 1, got {trials}")
     if direction not in ("minimize", "maximize"):
@@ -54,6 +66,7 @@ def _check_numbers(
 
 
 def hpo(
+    context: typer.Context,
     target: str = typer.Argument(..., metavar="FILE.py:FUNC", help="The Optuna objective."),
     profile: str = typer.Option(None, "--profile", "-p", help="Profile name or path."),
     trials: int = typer.Option(..., "--trials", "-n", help="Total finished trials to reach."),
@@ -73,39 +86,53 @@ def hpo(
     workdir_max_size: str = typer.Option(
         None, "--workdir-max-size", help="Largest project to copy, e.g. 200MiB (100MiB)."
     ),
-) -> None:
-    """Search hyperparameters: every worker slot busy, resumable with the same storage."""
-    _check_numbers(trials, direction, gpus_per_trial, timeout)
+    detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
+    max_restarts: int = typer.Option(3, "--max-restarts", help="Detached: driver restarts."),
+) -> str | None:
+    """Search hyperparameters: every worker slot busy, resumable with the same storage.
+
+    With --detach the search runs in the background (`clusterkit runs` lists it)."""
+    _check_numbers(trials, direction, gpus_per_trial, timeout, max_restarts)
 
     from clusterkit.runners.hpo import inputs as hpo_inputs
 
     project = None if no_workdir else _project(target, workdir, workdir_max_size)
     with _on_path(project.root if project is not None else None):
         objective = hpo_inputs.load_objective(target)
-    if profile is not None:  # an unknown profile fails here, before anything starts
+    if profile is not None and not _cluster_up(profile):  # an unknown profile fails here
         from clusterkit.profiles import load_profile
 
         load_profile(profile)
     name = study_name or hpo_inputs.default_study_name(objective)
     store = hpo_inputs.resolve_storage(storage, name)
+    if detach:
+        run_id = _detach(name, context.params)
+        typer.echo(run_id)
+        return run_id
+    _attached(objective, store, name, project, context.params)
+    return None
 
+
+def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[str, Any]) -> None:
+    """The search, driven from this process."""
     from clusterkit import console
     from clusterkit.client import get_client
     from clusterkit.runners.hpo import best_summary, run
 
-    folder = out or f"{name}-results"
-    client = get_client(profile)
+    folder = params["out"] or f"{name}-results"
+    gpus = params["gpus_per_trial"]
+    client = get_client(params["profile"])
     try:
         study = run(
             objective,
-            n_trials=trials,
+            n_trials=params["trials"],
             client=client,
             storage=store,
             study_name=name,
-            direction=direction,
-            resources={"GPU": gpus_per_trial} if gpus_per_trial else None,
-            timeout=timeout,
-            progress=progress,
+            direction=params["direction"],
+            resources={"GPU": gpus} if gpus else None,
+            timeout=params["timeout"],
+            progress=params["progress"],
             out=folder,
             workdir=project,
         )
@@ -113,6 +140,38 @@ def hpo(
         client.close()
     console.message(best_summary(study))
     console.message(f"results: {folder}/ (report.html, trials.csv, *.png)")
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _detach(name: str, params: dict[str, Any]) -> str:
+    """Record the checked search and start it detached; the run ID. Paths are made absolute:
+    the driver resolves nothing against a terminal's directory that may be gone."""
+    from clusterkit.runs import submit
+
+    file, _, function = params["target"].rpartition(":")
+    profile, storage = params["profile"], params["storage"] or f"{name}.optuna.log"
+    out = _absolute(params["out"] or f"{name}-results")
+    if profile is not None and profile.endswith((".yaml", ".yml")):
+        profile = _absolute(profile)
+    argv = [f"{_absolute(file)}:{function}", "--trials", str(params["trials"])]
+    argv += ["--study-name", name, "--direction", params["direction"], "--out", out]
+    argv += ["--storage", storage if "://" in storage else _absolute(storage)]
+    if profile is not None:
+        argv += ["--profile", profile]
+    if params["gpus_per_trial"]:
+        argv += ["--gpus-per-trial", str(params["gpus_per_trial"])]
+    if params["timeout"] is not None:
+        argv += ["--timeout", str(params["timeout"])]
+    if params["no_workdir"]:
+        argv.append("--no-workdir")
+    elif params["workdir"] is not None:
+        argv += ["--workdir", _absolute(params["workdir"])]
+    if params["workdir_max_size"] is not None:
+        argv += ["--workdir-max-size", params["workdir_max_size"]]
+    return submit("hpo", argv, profile=profile, results=out, max_restarts=params["max_restarts"])
 
 
 def register(app: typer.Typer) -> None:

@@ -37,6 +37,10 @@ def _checked_profile(profile: str | None, world_size: int | None, max_restarts: 
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if max_restarts < 0:
         raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
+    from clusterkit.cli.hpo import _cluster_up
+
+    if profile is not None and _cluster_up(profile):  # a cluster from `up`, by its name
+        return profile
     model = load_profile(profile)
     capacity = _capacity(model)
     if world_size is not None and capacity is not None and world_size > capacity:
@@ -66,7 +70,9 @@ def train(
     checkpoint_dir: str = typer.Option(
         None, "--checkpoint-dir", help="fsspec URL or path for checkpoints (s3://..., /shared)."
     ),
-) -> None:
+    detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
+    driver_restarts: int = typer.Option(3, "--driver-restarts", help="Detached: restarts."),
+) -> str | None:
     """Train with DistributedDataParallel: one rank per worker (per GPU), torchrun's env.
 
     Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings). Ranks run
@@ -78,13 +84,16 @@ def train(
     loaded = load_target(target)
     model = _checked_profile(profile, world_size, max_restarts)
     project = _project(loaded, None if no_workdir else (workdir or "auto"), workdir_max_size)
+    if detach:
+        return _detach(loaded, list(context.args), context.params)
 
     from clusterkit.client import get_client
     from clusterkit.runners.ddp.script import run_file
 
     client = get_client(model)
     try:
-        with console.err().status(f"training {loaded.path.name} on '{model.name}'..."):
+        on = model if isinstance(model, str) else model.name
+        with console.err().status(f"training {loaded.path.name} on '{on}'..."):
             results = run_file(
                 loaded,
                 list(context.args),
@@ -98,6 +107,52 @@ def train(
     finally:
         client.close()
     console.table(None, ["rank", "result"], [(r, repr(v)) for r, v in enumerate(results)])
+    return None
+
+
+def _detach(loaded: Any, script_args: list[str], params: dict[str, Any]) -> str:
+    """Record the checked training, start it detached, print and return the run ID.
+
+    Without --checkpoint-dir, checkpoints go to the run's folder in the state directory, so
+    that a restarted driver resumes from the last one (workers must see that path: a local
+    or shared-disk cluster; elsewhere pass --checkpoint-dir URL)."""
+    from pathlib import Path
+
+    from clusterkit import state
+    from clusterkit.errors import BadInput
+    from clusterkit.runs import new_id, submit
+
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().resolve())
+
+    if params["driver_restarts"] < 0:
+        raise BadInput(f"--driver-restarts must be 0 or more, got {params['driver_restarts']}")
+    run_id, checkpoints, profile = new_id("train"), params["checkpoint_dir"], params["profile"]
+    if checkpoints is None:
+        checkpoints = str(state.run_dir(run_id) / "checkpoints")
+    elif "://" not in checkpoints:
+        checkpoints = absolute(checkpoints)
+    target = absolute(str(loaded.path)) + (f":{loaded.function}" if loaded.function else "")
+    argv = [target, "--max-restarts", str(params["max_restarts"])]
+    argv += ["--checkpoint-dir", checkpoints]
+    if profile is not None:
+        profile = absolute(profile) if profile.endswith((".yaml", ".yml")) else profile
+        argv += ["--profile", profile]
+    for option in ("world_size", "timeout", "workdir_max_size"):
+        if params[option] is not None:
+            argv += [f"--{option.replace('_', '-')}", str(params[option])]
+    if params["no_workdir"]:
+        argv.append("--no-workdir")
+    elif params["workdir"] is not None:
+        argv += ["--workdir", absolute(params["workdir"])]
+    if script_args:
+        argv += ["--", *script_args]
+    restarts = params["driver_restarts"]
+    run_id = submit(
+        "train", argv, profile=profile, results=checkpoints, max_restarts=restarts, run_id=run_id
+    )
+    typer.echo(run_id)
+    return run_id
 
 
 def register(app: typer.Typer) -> None:

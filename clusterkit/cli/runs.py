@@ -1,0 +1,128 @@
+"""`clusterkit runs [logs|wait|stop|show]`: detached searches and trainings."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+
+runs_app = typer.Typer(
+    help="Detached runs (`hpo|train --detach`): list, follow, wait for, stop, show.",
+    invoke_without_command=True,
+)
+
+
+def _when(stamp: float | None) -> str:
+    return "" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+@runs_app.callback()
+def runs(
+    context: typer.Context,
+    json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Runs: ID, kind, profile or cluster, state, progress, best value, started, restarts."""
+    if context.invoked_subcommand is not None:
+        return
+    from clusterkit import console
+    from clusterkit.runs import list_runs
+
+    rows = list_runs()
+    if json_:
+        console.print_json(rows)
+        return
+    if not rows:
+        console.message("no runs (start one with `clusterkit hpo|train ... --detach`)")
+        return
+    console.table(
+        None,
+        ["id", "kind", "on", "state", "progress", "best", "started", "restarts"],
+        [
+            (
+                r["id"],
+                r["kind"],
+                r["target"],
+                r["state"],
+                r["progress"],
+                r["best"],
+                _when(r["started"]),
+                _restarts(r),
+            )
+            for r in rows
+        ],
+    )
+
+
+def _restarts(row: dict[str, object]) -> str:
+    count, reasons = row.get("restarts"), row.get("restart_reasons") or []
+    if not count:
+        return "" if count is None else "0"
+    return f"{count} ({reasons[-1]})" if isinstance(reasons, list) and reasons else str(count)
+
+
+@runs_app.command()
+def logs(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Follow until the run ends."),
+    lines: int = typer.Option(None, "--lines", "-n", help="Only the last N lines first."),
+) -> None:
+    """The driver's output, every attempt, with the progress line."""
+    from clusterkit import runs
+
+    for chunk in runs.logs(run_id, follow=follow, lines=lines):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+@runs_app.command()
+def wait(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    timeout: float = typer.Option(None, "--timeout", help="Seconds to wait at most."),
+) -> None:
+    """Block until the run ends; exit with its status (0: succeeded)."""
+    from clusterkit import console, runs
+
+    code = runs.wait(run_id, timeout=timeout)
+    record = runs.show(run_id)
+    console.message(f"{run_id}: {record['state']}")
+    raise typer.Exit(code)
+
+
+@runs_app.command()
+def stop(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds before the driver is killed."),
+) -> None:
+    """Stop the driver gracefully: the study keeps every finished trial; the cluster stays."""
+    from clusterkit import console, runs
+
+    record = runs.stop(run_id, timeout=timeout)
+    console.message(f"{run_id}: {record.state}" + (f" ({record.reason})" if record.reason else ""))
+
+
+@runs_app.command()
+def show(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Results folder, log, driver host and pid, restarts and why."""
+    from clusterkit import console, runs
+
+    info = runs.show(run_id)
+    if json_:
+        console.print_json(info)
+        return
+    info["started"], info["ended"] = _when(info["started"]), _when(info["ended"])
+    reasons = info.pop("restart_reasons")
+    info["restarts"] = f"{info['restarts']}/{info.pop('max_restarts')}"
+    info["driver"] = f"pid {info.pop('driver_pid')} on {info.pop('host')}"
+    for key, value in info.items():
+        if value not in (None, ""):
+            typer.echo(f"{key + ':':12} {value}")
+    for number, reason in enumerate(reasons, 1):
+        console.message(f"restart {number}: {reason}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(runs_app, name="runs")

@@ -1,0 +1,288 @@
+"""Detached runs: searches and trainings that outlive the terminal that started them.
+
+``clusterkit hpo|train ... --detach`` (or :func:`launch` from Python) checks its inputs,
+records the run in ``<state dir>/runs/ID.json`` and starts a monitor in its own session that
+runs the driver and restarts it after a death by signal. :func:`list_runs`, :func:`show`,
+:func:`logs`, :func:`wait` and :func:`stop` are what ``clusterkit runs`` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from clusterkit import state
+from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.runs.records import (
+    STOP_NAME,
+    RunRecord,
+    UnreadableRun,
+    all_runs,
+    get,
+    new_id,
+    progress,
+    shown_state,
+)
+
+__all__ = [
+    "RunRecord",
+    "launch",
+    "list_runs",
+    "logs",
+    "new_id",
+    "show",
+    "stop",
+    "stop_on_cluster",
+    "submit",
+    "wait",
+]
+
+#: Seconds ``stop`` waits for the driver's graceful end before ending its process group.
+STOP_TIMEOUT = 60.0
+
+
+def cluster_for(profile: str | None) -> str | None:
+    """The cluster from `up` a run on ``profile`` attaches to by name; None: the driver starts
+    its own (embedded) cluster. A cluster supervised on another host is refused here."""
+    if os.environ.get("CLUSTERKIT_SCHEDULER"):
+        return None
+    name = profile or os.environ.get("CLUSTERKIT_PROFILE") or "local"
+    if name.endswith((".yaml", ".yml")):
+        return None
+    record = state.read_record(name)
+    if record is None or not state.is_live(record) or record.starting:
+        return None
+    if record.elsewhere:
+        raise BadInput(
+            f"cluster '{name}' is supervised on host {record.host}: its runs run there",
+            hint=f"ssh {record.host} and run the command there",
+        )
+    return name
+
+
+def submit(
+    kind: str,
+    argv: list[str],
+    *,
+    profile: str | None,
+    results: str | None = None,
+    max_restarts: int = 3,
+    run_id: str | None = None,
+) -> str:
+    """Record a run of ``clusterkit KIND ARGV`` (inputs already checked) and detach it.
+
+    Returns the run ID once its monitor runs; the driver starts right after.
+    """
+    from clusterkit.runs.process import detach
+
+    if max_restarts < 0:
+        raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
+    record = RunRecord(
+        id=run_id or new_id(kind),
+        kind=kind,
+        argv=list(argv),
+        cwd=os.getcwd(),
+        profile=profile or os.environ.get("CLUSTERKIT_PROFILE") or "local",
+        cluster=cluster_for(profile),
+        results=results,
+        max_restarts=max_restarts,
+    )
+    state.check_space(state.run_dir(record.id))
+    record.save()
+    try:
+        detach(record)
+    except BaseException as error:
+        record.state, record.exit_code, record.reason = "failed", 1, str(error)[:200]
+        record.ended_at = time.time()
+        record.save()
+        raise
+    return record.id
+
+
+def launch(kind: str, args: list[str], *, max_restarts: int = 3) -> str:
+    """``clusterkit KIND ARGS --detach`` from Python: the same checks, the run ID returned.
+
+    ``launch("hpo", ["search.py:objective", "--trials", "60", "-p", "gpu-lab"])``; bad input
+    raises :class:`clusterkit.errors.BadInput` before anything is recorded.
+    """
+    from clusterkit.cli import app
+
+    if kind not in ("hpo", "train"):
+        raise BadInput(f"kind must be hpo or train, got {kind!r}")
+    option = "--max-restarts" if kind == "hpo" else "--driver-restarts"
+    split = args.index("--") if "--" in args else len(args)
+    command = [kind, *args[:split], "--detach", option, str(max_restarts), *args[split:]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        run_id = app(args=command, prog_name="clusterkit", standalone_mode=False)
+    if not isinstance(run_id, str):
+        raise ClusterkitError(f"clusterkit {kind} did not detach")
+    return run_id
+
+
+def row(entry: RunRecord | UnreadableRun) -> dict[str, Any]:
+    """One run as ``runs`` lists it."""
+    if isinstance(entry, UnreadableRun):
+        return {
+            "id": entry.id,
+            "kind": None,
+            "target": str(entry.path),
+            "state": f"unreadable: {entry.reason}",
+            "progress": None,
+            "best": None,
+            "started": None,
+            "restarts": None,
+        }
+    shown = progress(entry)
+    done = f"{shown['done']}/{shown['total']}" if "done" in shown else None
+    if "epoch" in shown:
+        done = f"epoch {shown['epoch']}"
+    return {
+        "id": entry.id,
+        "kind": entry.kind,
+        "target": f"cluster {entry.cluster}" if entry.cluster else f"profile {entry.profile}",
+        "state": shown_state(entry),
+        "progress": done,
+        "best": shown.get("best"),
+        "started": entry.started_at,
+        "restarts": entry.restarts,
+        "restart_reasons": list(entry.reasons),
+    }
+
+
+def list_runs() -> list[dict[str, Any]]:
+    """Every run, oldest first; unreadable records are listed with their path."""
+    return [row(entry) for entry in all_runs()]
+
+
+def show(run_id: str) -> dict[str, Any]:
+    """Everything about one run: results folder, driver host and pid, restarts and why."""
+    record = get(run_id)
+    info = row(record)
+    info.update(
+        command=f"clusterkit {record.kind} {' '.join(record.argv)}",
+        cwd=record.cwd,
+        results=record.results,
+        log=str(record.log),
+        host=record.host,
+        driver_pid=record.driver_pid,
+        monitor_pid=record.monitor_pid,
+        max_restarts=record.max_restarts,
+        exit_code=record.exit_code,
+        reason=record.reason,
+        ended=record.ended_at,
+    )
+    return info
+
+
+def _local(record: RunRecord, verb: str) -> None:
+    if record.elsewhere:
+        raise BadInput(
+            f"run '{record.id}' runs on host {record.host}: only there can it be {verb}",
+            hint=f"ssh {record.host} clusterkit runs {verb.split()[0]} {record.id}",
+        )
+
+
+def stop(run_id: str, *, timeout: float = STOP_TIMEOUT) -> RunRecord:
+    """Stop the driver gracefully (the study keeps every finished trial; the cluster stays).
+
+    SIGTERM, as Ctrl-C would; after ``timeout`` the driver's process group is killed."""
+    from clusterkit.lifecycle.spawn import kill_group
+
+    record = get(run_id)
+    if record.final:
+        return record
+    _local(record, "stopped")
+    (state.run_dir(run_id) / STOP_NAME).touch()
+    signalled: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        record = get(run_id)
+        if record.final:
+            return record
+        pid = record.driver_pid
+        alive = state.pid_alive(pid)
+        if pid and alive and pid not in signalled:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            signalled.add(pid)
+        gone = record.monitor_pid is not None and not state.pid_alive(record.monitor_pid)
+        never = record.monitor_pid is None and time.monotonic() > deadline
+        if gone or never:  # nobody left to record the end
+            if pid and alive:
+                kill_group(pid, grace=5.0)
+            record.state, record.reason, record.ended_at = "stopped", "stopped", time.time()
+            record.exit_code = 130
+            record.save()
+            return record
+        if time.monotonic() > deadline and pid and alive:
+            kill_group(pid, grace=5.0)
+        time.sleep(0.1)
+
+
+def wait(run_id: str, *, timeout: float | None = None) -> int:
+    """Block until the run ends; its exit status (0: succeeded)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        record = get(run_id)
+        if record.final:
+            if record.state == "succeeded":
+                return 0
+            return record.exit_code or 1
+        if record.elsewhere:
+            pass  # its host's monitor records the end on the shared state directory
+        elif record.monitor_pid is not None and not state.pid_alive(record.monitor_pid):
+            raise ClusterkitError(f"run '{run_id}' is lost: its monitor is gone")
+        if deadline is not None and time.monotonic() > deadline:
+            raise ClusterkitError(f"run '{run_id}' is still {record.state} after {timeout:g}s")
+        time.sleep(0.2)
+
+
+def logs(run_id: str, *, follow: bool = False, lines: int | None = None) -> Iterator[str]:
+    """The driver's output (every attempt, with the monitor's notes); ``follow`` goes on
+    until the run ends, as ``tail -f``."""
+    record = get(run_id)
+    path = record.log
+    position = 0
+    if lines is not None and path.exists():
+        text = path.read_text(errors="replace")
+        kept = "".join(text.splitlines(keepends=True)[-lines:])
+        position = len(text.encode()) - len(kept.encode())
+    while True:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(position)
+                chunk = handle.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            position += len(chunk)
+            yield chunk.decode(errors="replace")
+        if not follow:
+            return
+        record = get(run_id)
+        gone = not record.elsewhere and not state.pid_alive(record.monitor_pid)
+        if record.final or (gone and record.monitor_pid is not None):
+            with open(path, "rb") as handle:  # what the last moment wrote
+                handle.seek(position)
+                rest = handle.read()
+            if rest:
+                yield rest.decode(errors="replace")
+            return
+        time.sleep(0.2)
+
+
+def stop_on_cluster(name: str) -> list[str]:
+    """Stop every unfinished run attached to cluster ``name`` on this host; their IDs."""
+    stopped = []
+    for entry in all_runs():
+        if isinstance(entry, RunRecord) and entry.cluster == name and not entry.final:
+            if entry.elsewhere:
+                continue
+            stop(entry.id)
+            stopped.append(entry.id)
+    return stopped

@@ -1,0 +1,144 @@
+"""Run records: one JSON file per detached run in ``<state dir>/runs``, with the cluster rules.
+
+A record is written by the process that submits the run, then only by the run's monitor
+(state, driver pid, restarts); the driver writes its progress to ``progress.json`` and
+``runs stop`` its request to ``stop`` in the run's folder, so no two processes write one file.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterkit import state
+from clusterkit.errors import BadInput
+from clusterkit.state import HOST
+
+KINDS = ("hpo", "train")
+FINAL = ("succeeded", "failed", "stopped")
+LOG_NAME = "driver.log"
+MONITOR_LOG = "monitor.log"
+PROGRESS_NAME = "progress.json"
+STOP_NAME = "stop"
+
+
+@dataclass
+class RunRecord:
+    """What a detached run is and where it stands."""
+
+    id: str
+    kind: str  # hpo | train
+    argv: list[str]  # the command's arguments, resolved (the driver runs `clusterkit KIND ...`)
+    cwd: str
+    profile: str  # the profile (or cluster) name the command was given
+    cluster: str | None  # a cluster from `up` the driver attaches to; None: embedded
+    results: str | None  # results folder (hpo) or checkpoint folder (train)
+    max_restarts: int = 3
+    state: str = "starting"  # starting | running | restarting | succeeded | failed | stopped
+    host: str = HOST
+    monitor_pid: int | None = None
+    driver_pid: int | None = None
+    restarts: int = 0
+    reasons: list[str] = field(default_factory=list)  # why each restart happened
+    exit_code: int | None = None
+    reason: str | None = None  # why a run ended as it did (failed, stopped)
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+
+    def save(self) -> Path:
+        return state.write_run_record(self.id, json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        data = json.loads(text)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    @property
+    def folder(self) -> Path:
+        return state.run_dir(self.id)
+
+    @property
+    def log(self) -> Path:
+        return self.folder / LOG_NAME
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+    @property
+    def elsewhere(self) -> bool:
+        return self.host != state.HOST
+
+
+@dataclass
+class UnreadableRun:
+    """A run record that exists but cannot be parsed: listed with its path, never hidden."""
+
+    id: str
+    path: Path
+    reason: str
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{time.strftime('%m%d')}-{secrets.token_hex(3)}"
+
+
+def load(run_id: str) -> RunRecord | UnreadableRun | None:
+    path = state.run_record_path(run_id)
+    try:
+        return RunRecord.from_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, OSError) as error:
+        return UnreadableRun(run_id, path, f"{type(error).__name__}: {error}"[:200])
+
+
+def get(run_id: str) -> RunRecord:
+    """The record of ``run_id``; BadInput (exit 2) naming the known runs otherwise."""
+    found = load(run_id) if run_id and "/" not in run_id else None
+    if isinstance(found, RunRecord):
+        return found
+    if isinstance(found, UnreadableRun):
+        raise BadInput(f"run '{run_id}' has an unreadable record {found.path}: {found.reason}")
+    known = ", ".join(state.run_ids()) or "none"
+    raise BadInput(f"no run '{run_id}' (known: {known})")
+
+
+def all_runs() -> list[RunRecord | UnreadableRun]:
+    found = [load(run_id) for run_id in state.run_ids()]
+    return [entry for entry in found if entry is not None]
+
+
+def progress(record: RunRecord) -> dict[str, Any]:
+    """What the driver last reported (``done``, ``total``, ``best``, ``epoch``), or {}."""
+    try:
+        data = json.loads((state.runs_dir() / record.id / PROGRESS_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stop_requested(record: RunRecord) -> bool:
+    return (state.runs_dir() / record.id / STOP_NAME).exists()
+
+
+def shown_state(record: RunRecord) -> str:
+    """The state as the user should see it: a run whose monitor or cluster is gone says so."""
+    if record.final:
+        failed = record.state == "failed" and record.reason
+        return f"{record.state} ({record.reason})" if failed else record.state
+    if record.elsewhere:
+        return f"{record.state} on host {record.host}"
+    if record.monitor_pid is None:
+        return record.state
+    if not state.pid_alive(record.monitor_pid):
+        return f"lost: its monitor (pid {record.monitor_pid}) is gone"
+    if record.cluster is not None:
+        cluster = state.read_record(record.cluster)
+        if cluster is None or not state.is_live(cluster):
+            return f"cluster gone: '{record.cluster}' is no longer up"
+    return record.state
