@@ -21,7 +21,7 @@ import threading
 import time
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
@@ -72,7 +72,7 @@ def supervise(
             _fork_daemon(profile, name, directory, write_fd)
         else:
             save_profile(directory, profile)
-            _start_fresh(name, directory, write_fd)
+            _start_fresh_supervisor(name, directory, write_fd)
     finally:
         os.close(write_fd)
     limit = profile.start_timeout + SUPERVISOR_GRACE
@@ -131,20 +131,26 @@ def _redirect_stdio(log: Path, keep: int) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _start_fresh(name: str, directory: Path, write_fd: int) -> None:
+def start_fresh(command: list[str], log: IO[bytes], write_fd: int) -> None:
+    """``command --ready-fd FD`` in a new interpreter and session (where forking is unsafe),
+    output to ``log``; it reports on ``write_fd`` as a forked child would."""
+    subprocess.Popen(
+        [*command, "--ready-fd", str(write_fd)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        pass_fds=(write_fd,),
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def _start_fresh_supervisor(name: str, directory: Path, write_fd: int) -> None:
     from clusterkit.lifecycle.supervisor import LOG_NAME
 
     command = [sys.executable, "-m", "clusterkit.lifecycle.supervisor", "--name", name]
     with open(directory / LOG_NAME, "ab") as log:
-        subprocess.Popen(
-            [*command, "--ready-fd", str(write_fd)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-            close_fds=True,
-        )
+        start_fresh(command, log, write_fd)
 
 
 def _read_reply(fd: int, timeout: float) -> tuple[int | None, dict[str, Any] | None]:

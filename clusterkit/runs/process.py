@@ -44,25 +44,17 @@ GROUP_GRACE = 5.0
 
 def detach(record: RunRecord) -> int:
     """Start the run's monitor away from this process; its pid once it recorded itself."""
-    from clusterkit.lifecycle.spawn import can_fork
+    from clusterkit.lifecycle import spawn
 
     folder = state.run_dir(record.id)
     read_fd, write_fd = os.pipe()
     try:
-        if can_fork():
+        if spawn.can_fork():
             _fork_monitor(record.id, folder, write_fd)
         else:
             with _private_log(folder / MONITOR_LOG) as log:
                 command = [sys.executable, "-m", "clusterkit.runs.process", record.id]
-                subprocess.Popen(
-                    [*command, "--ready-fd", str(write_fd)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,
-                    close_fds=True,
-                )
+                spawn.start_fresh(command, log, write_fd)
     finally:
         os.close(write_fd)
     try:
