@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
+_QUIET_AT_EXIT = False
 ProfileRef = Any  # a profile name, a path to a profile file, a loaded profile, or None
 
 
@@ -155,6 +156,7 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
             claim.withdraw()
         raise
     _own(client, started, directory)
+    _quiet_scheduler_at_exit()
     notice = exposure(profile.protocol, started.address)
     if notice:
         logger.warning("%s", notice)
@@ -213,6 +215,19 @@ def _record_embedded(client: Client, started: Any) -> None:
 def _close_quietly(started: Any) -> None:
     with contextlib.suppress(Exception):
         started.close()
+
+
+def _quiet_scheduler_at_exit() -> None:
+    """At interpreter exit an embedded cluster stops with the script; its scheduler's warnings
+    about results lost with the workers (futures the script still held) are noise then. This
+    runs before distributed's own exit hooks, which were registered first."""
+    global _QUIET_AT_EXIT
+    if _QUIET_AT_EXIT:
+        return
+    import atexit
+
+    atexit.register(logging.getLogger("distributed.scheduler").setLevel, logging.ERROR)
+    _QUIET_AT_EXIT = True
 
 
 def _remove_tree(path: Path) -> None:

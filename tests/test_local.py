@@ -414,3 +414,22 @@ def test_workers_stop_by_themselves_when_their_scheduler_is_gone(tmp_path: Path)
     assert alive == [], f"workers still running {took:.0f}s after their scheduler died"
     print(f"workers stopped {took:.1f}s after the scheduler died (death_timeout 3s)")
     api.down("headless")
+
+
+def test_embedded_script_exits_without_dask_noise(tmp_path: Path) -> None:
+    """A script that keeps its futures until it exits: the embedded cluster stops with it, and
+    the scheduler's 'lose already computed task(s)' warning (meaningless then) is not shown."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        from clusterkit import get_client
+
+        if __name__ == "__main__":
+            client = get_client()
+            futures = client.map(lambda x: x + 1, range(10))
+            print(sum(client.gather(futures)))
+    """))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "55", done.stderr
+    assert "lose already computed" not in done.stderr, done.stderr
