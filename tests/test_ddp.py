@@ -287,6 +287,31 @@ def test_cli_runs_a_function(tmp_path: Path, capsys) -> None:
     assert out.count("sum=21.0") == 2, out
 
 
+def test_cli_says_a_torchrun_style_script_finished(tmp_path: Path, capsys) -> None:
+    """A script that returns nothing gets one line, not a table of None per rank."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == dist.get_world_size()
+            dist.destroy_process_group()
+            """
+        )
+    )
+    from clusterkit.cli import main
+
+    main(["train", str(script), "--profile", "local"])
+    captured = capsys.readouterr()
+    assert "None" not in captured.out, captured.out
+    assert "trained plain.py: 2 ranks finished" in captured.err
+
+
 # ---------------------------------------------------------------- GPU tier
 
 

@@ -106,7 +106,10 @@ def train(
             )
     finally:
         client.close()
-    console.table(None, ["rank", "result"], [(r, repr(v)) for r, v in enumerate(results)])
+    if all(value is None for value in results):  # a torchrun-style script returns nothing
+        console.message(f"trained {loaded.path.name}: {len(results)} ranks finished")
+    else:
+        console.table(None, ["rank", "result"], [(r, repr(v)) for r, v in enumerate(results)])
     return None
 
 
