@@ -106,15 +106,15 @@ def _variables(profile: KubernetesProfile) -> dict[str, Any]:
 def to_helm_values(profile: KubernetesProfile) -> dict[str, Any]:
     """Values for ``charts/clusterkit`` that run the cluster this profile describes.
 
-    Workers get the profile's node selector and tolerations; with ``protocol: tls`` the chart
-    mounts the Secret ``<name>-tls`` (ca.crt, tls.crt, tls.key).
+    Workers get the profile's node selector and tolerations; with ``protocol: tls`` (the
+    default) the release issues its own CA and certificates (no ``tls.secretName``).
     """
     v = _variables(profile)
     return {
         "fullnameOverride": v["name"],
         "image": {**_image(v["image"]), "pullPolicy": v["image_pull_policy"]},
         "protocol": v["protocol"],
-        "tls": {"secretName": f"{v['name']}-tls" if v["protocol"] == "tls" else ""},
+        "tls": {"secretName": ""},
         "env": v["env"],
         "scheduler": {
             "service": {"type": v["service_type"]},

@@ -110,7 +110,8 @@ def test_cpu_profile_round_trip(planned: Any, tmp_path: Path) -> None:
         "pullPolicy": "IfNotPresent",
     }
     assert values["worker"]["memoryLimit"] == "auto" and values["tls"]["secretName"] == ""
-    assert outputs["scheduler_address"] == "tcp://cpu-scheduler.default.svc.cluster.local:8786"
+    assert outputs["scheduler_address"] == "tls://cpu-scheduler.default.svc.cluster.local:8786"
+    assert values["protocol"] == "tls"  # the default: the release issues its certificates
     values_file = tmp_path / "v.yaml"
     values_file.write_text(yaml.safe_dump(values))
     template(values_file)  # passes the values schema
