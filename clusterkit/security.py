@@ -92,10 +92,6 @@ class ClusterSecurity:
         for key, value in self.env.items():
             os.environ.setdefault(key, value)
 
-    def files(self) -> list[str]:
-        pairs = [f for pair in self.roles.values() for f in pair]
-        return [f for f in (self.ca_file, self.cert_file, self.key_file, *pairs) if f]
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

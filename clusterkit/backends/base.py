@@ -138,7 +138,7 @@ class Backend:
 
         from clusterkit.security import ClusterSecurity
 
-        security = ClusterSecurity.from_dict(record.security)
+        security = ClusterSecurity.from_dict(record.security).client_only()
         security.apply_env()
         return Client(
             record.address, security=security.distributed(), timeout=timeout, set_as_default=False

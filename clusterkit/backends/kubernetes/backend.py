@@ -147,7 +147,9 @@ def _handle(record: ClusterRecord, timeout: float = 30) -> Any:
 
     name, namespace, _ = _where(record)
     try:
-        cluster = _connect(name, namespace, ClusterSecurity.from_dict(record.security), timeout)
+        cluster = _connect(
+            name, namespace, ClusterSecurity.from_dict(record.security).client_only(), timeout
+        )
     except TimeoutError as error:
         raise ClusterkitError(
             f"cluster '{record.name}' does not answer: {error}",
@@ -232,7 +234,7 @@ class KubernetesBackend(Backend):
 
         with _handle(record, timeout) as cluster:
             address = cluster.scheduler_address
-        security = ClusterSecurity.from_dict(record.security)
+        security = ClusterSecurity.from_dict(record.security).client_only()
         return Client(
             address, security=security.distributed(), timeout=timeout, set_as_default=False
         )
