@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -90,10 +91,10 @@ def supervise(
     raise _start_failure(reply, directory, limit if timed_out else None)
 
 
-def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: int) -> None:
-    """Double fork: the grandchild, in its own session, runs the supervisor."""
-    from clusterkit.lifecycle.supervisor import LOG_NAME, report, run
-
+def double_fork(grandchild: Callable[[], int]) -> None:
+    """Run ``grandchild`` in a grandchild of this process, in its own session (so no terminal
+    hangup reaches it), and return once the intermediate child is reaped. The grandchild exits
+    with what ``grandchild`` returns (1 if it raised)."""
     child = os.fork()
     if child:
         os.waitpid(child, 0)  # the intermediate child exits at once
@@ -102,17 +103,27 @@ def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: i
     try:
         if os.fork():
             os._exit(0)
-        os.setsid()  # session and group leader: `down` ends the group by the supervisor's pid
-        _redirect_stdio(directory / LOG_NAME, keep=write_fd)
-        # worker processes (multiprocessing spawn) re-import __main__: not the CLI's script
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        report(write_fd, {"pid": os.getpid()}, last=False)
-        code = run(name, profile, write_fd)
+        os.setsid()  # session and group leader: its group can be ended by its pid
+        code = grandchild()
     finally:
         import logging
 
         logging.shutdown()
         os._exit(code)
+
+
+def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: int) -> None:
+    """Double fork: the grandchild, in its own session, runs the supervisor."""
+    from clusterkit.lifecycle.supervisor import LOG_NAME, report, run
+
+    def supervisor() -> int:
+        _redirect_stdio(directory / LOG_NAME, keep=write_fd)
+        # worker processes (multiprocessing spawn) re-import __main__: not the CLI's script
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        report(write_fd, {"pid": os.getpid()}, last=False)
+        return run(name, profile, write_fd)
+
+    double_fork(supervisor)
 
 
 def _redirect_stdio(log: Path, keep: int) -> None:

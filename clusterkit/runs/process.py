@@ -69,24 +69,17 @@ def detach(record: RunRecord) -> int:
 
 
 def _fork_monitor(run_id: str, folder: Path, write_fd: int) -> None:
-    child = os.fork()
-    if child:
-        os.waitpid(child, 0)  # the intermediate child exits at once
-        return
-    code = 1
-    try:
-        if os.fork():
-            os._exit(0)
-        os.setsid()
-        _to_log(folder / MONITOR_LOG, keep=write_fd)
-        code = monitor(run_id, write_fd)
-    except BaseException as error:  # the monitor's last word goes to its log
-        sys.stderr.write(f"monitor: {type(error).__name__}: {error}\n")
-    finally:
-        import logging
+    from clusterkit.lifecycle import spawn
 
-        logging.shutdown()
-        os._exit(code)
+    def monitored() -> int:
+        _to_log(folder / MONITOR_LOG, keep=write_fd)
+        try:
+            return monitor(run_id, write_fd)
+        except BaseException as error:  # the monitor's last word goes to its log
+            sys.stderr.write(f"monitor: {type(error).__name__}: {error}\n")
+            return 1
+
+    spawn.double_fork(monitored)
 
 
 def _to_log(log: Path, keep: int) -> None:
