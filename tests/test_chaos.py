@@ -9,6 +9,12 @@ Replay one case with ``CLUSTERKIT_CHAOS_SEED=<seed> pytest tests/test_chaos.py -
 case7"``; ``CLUSTERKIT_CHAOS_KILLS`` sets how many cases per backend (CI: 10). ``bench/chaos.py``
 runs more. Grid Engine runs 3 cases (``CLUSTERKIT_CHAOS_SGE_KILLS`` sets more) and Kubernetes 5
 (``CLUSTERKIT_CHAOS_K8S_KILLS``): a case there takes 1-2 minutes on 2 cores.
+
+Detached runs (``hpo --detach`` on a cluster from `up`, local and slurm): the run's driver is
+SIGKILLed once or twice at seeded moments; its monitor must restart it, the run end succeeded
+with the kills counted, the study hold each trial once. One case per backend
+(``CLUSTERKIT_CHAOS_DRIVER_KILLS`` sets more; replay with ``-k "detached_driver_local and
+case0"``).
 """
 
 from __future__ import annotations
@@ -392,3 +398,133 @@ def test_chaos_kubernetes(index: int, tmp_path: Path, clean: Harness) -> None:  
         "kubernetes", profile, 3, kill_remote, leftovers, supervised=False, recover_after=15.0
     )
     run_case(target, index, tmp_path)
+
+
+# ------------------------------------------------------------------ detached runs' drivers
+
+#: Seeded cases per backend of SIGKILLs of a detached search's driver (its monitor restarts it).
+DRIVER_KILLS = int(os.environ.get("CLUSTERKIT_CHAOS_DRIVER_KILLS", "1"))
+RUN_TRIALS = 24
+RUN_OBJECTIVE = textwrap.dedent("""
+    import time
+
+    def objective(trial):
+        x = trial.suggest_float("x", -1, 1)
+        time.sleep(0.3)
+        return x * x
+""")
+
+
+def driver_kills(seed: int, index: int, backend: str) -> list[float]:
+    """1 or 2 moments (seconds after each driver's start) to SIGKILL the detached driver at."""
+    rng = random.Random(f"{seed}-{backend}-detached-{index}")
+    return [round(rng.uniform(0.0, 3.0), 2) for _ in range(rng.choice((1, 2)))]
+
+
+def run_detached_case(
+    backend: str, profile: Path, index: int, tmp_path: Path, leftovers: Callable[[str], list[str]]
+) -> None:
+    """`hpo --detach` on a cluster from `up`; its driver SIGKILLed at the seeded moments: the
+    run ends succeeded with each kill counted as a restart, the study holds each trial once,
+    and nothing is left once the run ended and the cluster is down."""
+    import optuna
+
+    from clusterkit.runners.hpo.inputs import ATTR_ORPHANED, counted, resolve_storage
+    from clusterkit.runs.records import get
+
+    moments = driver_kills(SEED, index, backend)
+    name = f"chrun{backend[:2]}{index}"
+    where = (
+        f"{backend}: detached driver killed {', '.join(f'{m:.2f}s' for m in moments)} after "
+        f"its start(s) (seed {SEED}, case{index})"
+    )
+    (tmp_path / "search.py").write_text(RUN_OBJECTIVE)
+    storage = str(tmp_path / "chaos.optuna.log")
+
+    def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args], cwd=tmp_path, capture_output=True, text=True, timeout=timeout
+        )
+
+    up = cli("up", str(profile), "--name", name)
+    assert up.returncode == 0, f"{where}: {up.stderr}"
+    killed: list[int] = []
+    supervisor = state.supervisor_pid(name)
+    try:
+        search = ["search.py:objective", "--trials", str(RUN_TRIALS), "--study-name", "chaos"]
+        started = cli("hpo", *search, "--storage", storage, "-p", name, "--detach")
+        assert started.returncode == 0, f"{where}: {started.stderr}"
+        run_id = started.stdout.strip()
+        for moment in moments:
+            pid = wait_for(
+                lambda: (
+                    (r := get(run_id)).state == "running"
+                    and r.driver_pid not in (None, *killed)
+                    and r.driver_pid
+                ),
+                60,
+            )
+            assert pid, f"{where}: no new driver started: {get(run_id)}"
+            time.sleep(moment)
+            assert not get(run_id).final, f"{where}: the run ended before the kill"
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        waited = cli("runs", "wait", run_id, "--timeout", "150")
+        log = cli("runs", "logs", run_id).stdout
+        assert waited.returncode == 0, f"{where}: {waited.stderr}\n{log[-3000:]}"
+        info = json.loads(cli("runs", "show", run_id, "--json").stdout)
+        assert info["state"] == "succeeded", f"{where}: {info}"
+        assert info["restarts"] == len(killed), f"{where}: {info}"
+        assert info["restart_reasons"] == [f"driver pid {p} killed by SIGKILL" for p in killed]
+        assert info["progress"] == f"{RUN_TRIALS}/{RUN_TRIALS}", f"{where}: {info}"
+        assert not state.pid_alive(info["monitor_pid"]), f"{where}: the monitor outlived its run"
+        left = [p.pid for pid in [*killed, info["driver_pid"]] for p in group(pid)]
+        assert left == [], f"{where}: the drivers' process groups left {left}"
+    finally:
+        down = cli("down", name)
+    assert down.returncode == 0, f"{where}: {down.stderr}"
+    left_after = [str(p.pid) for p in group(supervisor)] + settled(lambda: leftovers(name), 30)
+    assert left_after == [], f"{where}: left {left_after}"
+    assert json.loads(cli("ls", "--json").stdout) == [], f"{where}: ls disagrees with what runs"
+    trials = optuna.load_study(
+        study_name="chaos", storage=resolve_storage(storage, "chaos")
+    ).get_trials()
+    kept = [t for t in trials if counted(t)]
+    assert len(kept) == RUN_TRIALS, f"{where}: {len(kept)} of {RUN_TRIALS} trials counted"
+    assert all(t.state.name == "COMPLETE" for t in kept), f"{where}: {trials}"
+    assert len({t.number for t in kept}) == RUN_TRIALS, f"{where}: a trial is held twice"
+    # what a killed driver had in flight is failed as an orphan, never counted, never RUNNING
+    orphans = [t for t in trials if t.user_attrs.get(ATTR_ORPHANED)]
+    assert all(t.state.name == "FAIL" for t in orphans), f"{where}: {orphans}"
+    assert len(trials) == RUN_TRIALS + len(orphans), f"{where}: {trials}"
+
+
+DRIVER_IDS = [f"case{i}" for i in range(DRIVER_KILLS)]
+
+
+@pytest.mark.parametrize("index", range(DRIVER_KILLS), ids=DRIVER_IDS)
+@pytest.mark.timeout(600)
+def test_chaos_detached_driver_local(index: int, tmp_path: Path) -> None:
+    profile = tmp_path / "chaos.yaml"
+    profile.write_text(
+        "backend: local\nworkers: 2\nworker: {threads: 1}\nstart_timeout: 60s\n"
+        "scheduler: {dashboard: false}\n"
+    )
+    run_detached_case("local", profile, index, tmp_path, lambda name: [])
+
+
+@pytest.mark.parametrize("index", range(DRIVER_KILLS), ids=DRIVER_IDS)
+@pytest.mark.timeout(600)
+def test_chaos_detached_driver_slurm(index: int, tmp_path: Path, slurm: SLURM.Slurm) -> None:
+    import yaml
+
+    from tests.test_slurm import profile_data
+
+    profile = tmp_path / "chaos-slurm.yaml"
+    profile.write_text(yaml.safe_dump(profile_data(tmp_path, workers=2, death_timeout=10)))
+
+    def jobs(name: str) -> list[str]:
+        lines = slurm.run("squeue", "-h", "-o", "%i %j").stdout.splitlines()
+        return [line.split()[0] for line in lines if f" ck-{name}-" in line]
+
+    run_detached_case("slurm", profile, index, tmp_path, jobs)

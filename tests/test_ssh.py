@@ -390,12 +390,15 @@ def test_supervisor_killed_mid_start_leaves_no_remote_process(lab: Lab, tmp_path
     profile.write_text(yaml.safe_dump({**data, "start_timeout": 60}))
     up = subprocess.Popen(
         [sys.executable, "-m", "clusterkit", "up", str(profile), "--name", name],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
-        while not any("distributed.Scheduler" in cmd
-                      for cmd in S.remote_processes([lab.server]).values()):
+        while not any(
+            "distributed.Scheduler" in cmd for cmd in S.remote_processes([lab.server]).values()
+        ):
             assert up.poll() is None and time.monotonic() < deadline, "no remote scheduler"
             time.sleep(0.02)
         claim = state.read_record(name)
@@ -410,8 +413,9 @@ def test_supervisor_killed_mid_start_leaves_no_remote_process(lab: Lab, tmp_path
         if up.poll() is None:
             up.kill()
             up.communicate()
-    subprocess.run([sys.executable, "-m", "clusterkit", "down", name], capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "clusterkit", "down", name], capture_output=True, timeout=120
+    )
     left = S.wait_no_remote_processes([lab.server])
     S.kill_all(left)
     assert left == {}, f"remote processes left running: {left}"
@@ -476,8 +480,9 @@ def test_killed_notebook_leaves_an_orphan_that_ls_finds_and_down_ends(lab: Lab) 
 
     name = f"nb-{uuid.uuid4().hex[:6]}"
     data = lab.profile(name).model_dump(mode="json")
-    owner = subprocess.Popen([sys.executable, "-c", EMBEDDING, json.dumps(data), name],
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", EMBEDDING, json.dumps(data), name], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert owner.stdout is not None and owner.stdout.readline().strip() == "ready"
         (embedded,) = [r for r in state.records() if r.name.startswith(name)]
@@ -486,8 +491,12 @@ def test_killed_notebook_leaves_an_orphan_that_ls_finds_and_down_ends(lab: Lab) 
         owner.kill()  # as a kernel dies: nothing closes the cluster
         owner.wait()
     assert S.remote_processes([lab.server]), "the embedded cluster's remote processes run on"
-    orphans = subprocess.run([sys.executable, "-m", "clusterkit", "ls", "--orphans", "--json"],
-                             capture_output=True, text=True, timeout=60)
+    orphans = subprocess.run(
+        [sys.executable, "-m", "clusterkit", "ls", "--orphans", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert [row["name"] for row in json.loads(orphans.stdout)] == [embedded.name]
     api.down(embedded.name)
     assert S.wait_no_remote_processes([lab.server]) == {}
@@ -506,3 +515,64 @@ def test_project_directory_without_a_shared_disk(lab: Lab, tmp_path: Path) -> No
         assert example_project_on(client, tmp_path, copy=True) == {"synced"}
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------ detached runs
+
+SEARCH = """
+import time
+
+def objective(trial):
+    x = trial.suggest_float("x", -1.0, 1.0)
+    time.sleep(0.2)
+    return x * x
+"""
+
+
+def test_detached_search_attaches_to_the_cluster_from_up(lab: Lab, tmp_path: Path) -> None:
+    """`hpo --detach -p NAME` on an ssh cluster from `up` (mutual TLS): its driver attaches by
+    name, `runs wait` exits 0, the study holds each trial once, the cluster stays up."""
+    import optuna
+    import yaml
+
+    from clusterkit.runners.hpo.inputs import counted, resolve_storage
+
+    name = f"ssh-runs-{uuid.uuid4().hex[:6]}"
+    profile = tmp_path / "runs.yaml"
+    data = lab.profile(name, hosts=["127.0.0.1", "127.0.0.1"]).model_dump(mode="json")
+    profile.write_text(yaml.safe_dump(data))
+    (tmp_path / "search.py").write_text(SEARCH)
+
+    def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "clusterkit", *args]
+        return subprocess.run(
+            command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout
+        )
+
+    up = cli("up", str(profile), "--name", name)
+    assert up.returncode == 0, up.stderr
+    try:
+        search = ["search.py:objective", "--trials", "6", "--study-name", "remote"]
+        started = cli("hpo", *search, "-p", name, "--detach")
+        assert started.returncode == 0, started.stderr
+        run_id = started.stdout.strip()
+        assert run_id.startswith("hpo-"), started.stdout
+        waited = cli("runs", "wait", run_id, "--timeout", "150", timeout=180)
+        log = cli("runs", "logs", run_id).stdout
+        assert waited.returncode == 0, f"{waited.stderr}\n{log[-3000:]}"
+        assert f"{run_id}: succeeded" in waited.stderr
+        storage = resolve_storage(str(tmp_path / "remote.optuna.log"), "remote")
+        trials = optuna.load_study(study_name="remote", storage=storage).get_trials()
+        kept = [t for t in trials if counted(t)]
+        assert len(kept) == 6 and all(t.state.name == "COMPLETE" for t in kept), trials
+        assert len(trials) == 6 and len({t.number for t in trials}) == 6
+        (row,) = json.loads(cli("runs", "--json").stdout)
+        assert row["id"] == run_id and row["state"] == "succeeded", row
+        assert row["target"] == f"cluster {name}" and row["progress"] == "6/6"
+        assert row["restarts"] == 0
+        listed = json.loads(cli("ls", "--json").stdout)
+        assert [r["name"] for r in listed] == [name], listed
+        assert "Scheduler" in " ".join(S.remote_processes([lab.server]).values())
+    finally:
+        down = cli("down", name)
+    assert down.returncode == 0, down.stderr
