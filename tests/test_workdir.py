@@ -101,6 +101,20 @@ def test_scan_follows_ignore_rules(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_scan_never_ships_a_state_directory_inside_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records, logs and a cluster's private keys stay where they are."""
+    root = tmp_path / "p"
+    (root / "state" / "clusters" / "c").mkdir(parents=True)
+    (root / "state" / "clusters" / "c" / "key.pem").write_text("secret")
+    (root / "main.py").write_text("")
+    (root / "state.py").write_text("")
+    monkeypatch.setenv("CLUSTERKIT_STATE_DIR", str(root / "state"))
+    assert [f.path for f in workdir.scan(root).files] == ["main.py", "state.py"]
+
+
+@pytest.mark.unit
 def test_over_the_cap_names_the_largest_files(tmp_path: Path) -> None:
     (tmp_path / "small.py").write_text("x = 1\n")
     (tmp_path / "weights.bin").write_bytes(b"\0" * 5000)

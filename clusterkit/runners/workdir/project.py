@@ -173,6 +173,17 @@ def max_size_from_env() -> int:
     return parse_max_size(MAX_SIZE_ENV, text) if text else DEFAULT_MAX_SIZE
 
 
+def _state_inside(root: Path) -> str | None:
+    """clusterkit's state directory (records, logs, cluster keys) as a prefix relative to
+    ``root`` when it lies inside the project: never shipped. None when it lies elsewhere."""
+    from clusterkit.state import state_dir
+
+    private = state_dir().resolve()
+    if root not in private.parents:
+        return None
+    return str(private.relative_to(root)) + os.sep
+
+
 def scan(
     root: str | os.PathLike[str], *, max_size: int | None = None, copy: bool | None = None
 ) -> Project:
@@ -181,14 +192,18 @@ def scan(
     if not path.is_dir():
         raise BadInput(f"workdir {root} is not a directory", hint="pass an existing directory")
     limit = max_size_from_env() if max_size is None else max_size
-    found = _walk(str(path))
+    private = _state_inside(path)
+    found = [e for e in _walk(str(path)) if private is None or not e[0].startswith(private)]
     _check_cap(str(path), found, limit)
     entries = []
     overall = hashlib.sha256()
     for relative, size in found:
         full = os.path.join(path, relative)
-        digest = file_digest(full)
-        mode = os.stat(full).st_mode & 0o777
+        try:
+            digest = file_digest(full)
+            mode = os.stat(full).st_mode & 0o777
+        except FileNotFoundError:  # removed while the scan ran (a temporary file)
+            continue
         entries.append(FileEntry(relative, size, mode, digest))
         overall.update(f"{relative}\0{mode}\0{digest}\n".encode())
     forced = os.environ.get(COPY_ENV, "") in ("1", "true", "yes") if copy is None else copy
