@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 import threading
@@ -107,6 +108,21 @@ def resumable_fn(ctx, epochs: int) -> dict:
     }
 
 
+def reporting_fn(ctx, epochs: int) -> None:
+    for epoch in range(epochs):
+        time.sleep(0.3)  # longer than the worker's 0.25 s relay interval: no report is merged
+        ctx.report(epoch=epoch + 1, loss=torch.tensor(1.0 / (epoch + 1)), phase="train")
+        ctx.save_checkpoint({"epoch": epoch + 1})  # says what the report said: not sent again
+        if ctx.rank == 1:
+            ctx.report(epoch=99)  # only rank 0's reports count
+
+
+def checkpointing_fn(ctx, states: list) -> None:
+    for state in states:
+        time.sleep(0.3)
+        ctx.save_checkpoint(state)
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -154,6 +170,28 @@ if __name__ == "__main__":
         handle.write(f"{dist.get_world_size()} {local_rank} {t.item()} {sys.argv[0]}")
     dist.destroy_process_group()
 """
+
+
+REPORTING_SCRIPT = """
+import torch.distributed as dist
+from clusterkit.runners.ddp import report
+
+dist.init_process_group("gloo")
+for epoch in range(3):
+    dist.barrier()
+    report(epoch=epoch, loss=1.0 / (epoch + 1))
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_script_reports_with_the_module_function(client, tmp_path: Path) -> None:
+    script = tmp_path / "reporting.py"
+    script.write_text(REPORTING_SCRIPT)
+    received: list[dict] = []
+    assert run_file(str(script), client=client, on_progress=received.append) == [None, None]
+    assert received, "no progress arrived"
+    epochs = [r["epoch"] for r in received]
+    assert epochs == sorted(set(epochs)) and received[-1] == {"epoch": 2, "loss": 1.0 / 3}
 
 
 def test_torchrun_script_runs_unchanged(client, tmp_path: Path) -> None:
@@ -227,6 +265,45 @@ def test_too_few_workers_is_a_clear_error(client, monkeypatch) -> None:
         ddp.run(all_reduce_fn, 1.0, client=client, world_size=3)
     with pytest.raises(ClusterkitError, match="at least 1"):
         ddp.run(all_reduce_fn, 1.0, client=client, world_size=0)
+
+
+def test_progress_reports_reach_the_driver_in_order(client) -> None:
+    received: list[dict] = []
+    ddp.run(reporting_fn, 4, client=client, on_progress=received.append)
+    assert [(r["epoch"], r["phase"]) for r in received] == [(e, "train") for e in (1, 2, 3, 4)]
+    assert [r["loss"] for r in received] == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4])
+
+
+@pytest.mark.parametrize("storage", [False, True], ids=["via-scheduler", "checkpoint-dir"])
+def test_each_checkpoint_reports_its_epoch_or_step(client, tmp_path: Path, storage: bool) -> None:
+    received: list[dict] = []
+    states = [{"epoch": 1, "model": [0.0]}, {"step": 40}, [1, 2], {"epoch": True}]
+    where = str(tmp_path / "ckpt") if storage else None
+    ddp.run(
+        checkpointing_fn, states, client=client, checkpoint_dir=where, on_progress=received.append
+    )
+    assert received == [{"epoch": 1}, {"step": 40}, {"checkpoints": 3}, {"checkpoints": 4}]
+
+
+def test_training_that_never_reports_sends_no_progress(client) -> None:
+    received: list[dict] = []
+    results = ddp.run(all_reduce_fn, 1.0, client=client, on_progress=received.append)
+    assert [r["sum"] for r in results] == [3.0, 3.0] and received == []
+
+
+def test_progress_lines_and_bad_metrics() -> None:
+    from clusterkit.runners.ddp import progress
+
+    assert progress.describe({"epoch": 3, "loss": 0.41234, "lr": 1e-4}) == (
+        "epoch 3, loss 0.4123, lr 0.0001"
+    )
+    assert progress.describe({"checkpoints": 1}) == "1 checkpoint saved"
+    assert progress.message(2, None, {"acc": torch.tensor(0.5)}) == {"epoch": 2, "acc": 0.5}
+    with pytest.raises(TypeError, match="'weights' must be a number or a string"):
+        progress.message(1, None, {"weights": torch.ones(3)})
+    with pytest.raises(TypeError, match="'epoch' must be a number"):
+        progress.message("one", None, {})
+    ddp.report(epoch=1)  # outside a rank (plain torchrun, python script.py): nothing happens
 
 
 def test_world_size_one(client) -> None:
@@ -309,7 +386,64 @@ def test_cli_says_a_torchrun_style_script_finished(tmp_path: Path, capsys) -> No
     main(["train", str(script), "--profile", "local"])
     captured = capsys.readouterr()
     assert "None" not in captured.out, captured.out
-    assert "trained plain.py: 2 ranks finished" in captured.err
+    assert "trained plain.py: 2 ranks finished\n" in captured.err  # no progress to show
+
+
+TRAIN_WITH_PROGRESS = """
+import time
+import torch.distributed as dist
+from clusterkit.runners.ddp import report
+
+dist.init_process_group("gloo")
+for epoch in range(1, 4):
+    time.sleep(0.3)
+    report(epoch=epoch, loss=round(1.23 / epoch, 2))
+dist.destroy_process_group()
+"""
+
+
+def test_cli_shows_the_latest_progress(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(TRAIN_WITH_PROGRESS)
+    from clusterkit.cli import main
+
+    main(["train", str(script), "--profile", "local"])
+    assert "trained fit.py: 2 ranks finished (epoch 3, loss 0.41)" in capsys.readouterr().err
+
+
+DETACHED_TRAIN = """
+import time
+
+def train(ctx, epochs):
+    start = (ctx.load_checkpoint() or {"epoch": 0})["epoch"]
+    for epoch in range(start, int(epochs)):
+        time.sleep(0.4)
+        ctx.save_checkpoint({"epoch": epoch + 1})
+"""
+
+
+def test_detached_training_records_its_epoch(tmp_path: Path, monkeypatch, capsys) -> None:
+    import json
+
+    from clusterkit import runs, state
+
+    monkeypatch.setenv("CLUSTERKIT_DDP_SPARES", "0")  # the driver's embedded cluster ends with it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fit.py").write_text(DETACHED_TRAIN)
+    run_id = runs.launch("train", ["fit.py:train", "-p", "local", "--", "5"])
+    assert runs.wait(run_id, timeout=180) == 0, "".join(runs.logs(run_id))
+    saved = json.loads((state.run_dir(run_id) / "progress.json").read_text())
+    assert saved == {"epoch": 5}
+    log = "".join(runs.logs(run_id))
+    assert "[progress] epoch 5\n" in log, log
+    shown = [int(n) for n in re.findall(r"\[progress\] epoch (\d+)", log)]
+    assert shown == sorted(shown), log
+    from clusterkit.cli import main
+
+    capsys.readouterr()
+    main(["runs", "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["id"] == run_id and row["progress"] == "epoch 5"
 
 
 # ---------------------------------------------------------------- GPU tier

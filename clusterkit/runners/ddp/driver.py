@@ -4,11 +4,13 @@ The driver places ranks on workers, submits one pinned task per rank (``ddp_work
 the group and stops all of it when one rank fails or a worker leaves; with ``max_restarts`` it
 starts a fresh group (fresh port, remaining or replaced workers) that resumes from the last
 checkpoint rank 0 saved: in ``checkpoint_dir`` (any fsspec URL) when given, else held by the
-scheduler (small state only). Ranks run inside the project directory (``workdir``).
+scheduler (small state only). Ranks run inside the project directory (``workdir``). Rank 0's
+progress reports reach ``on_progress`` as Dask events (see ``progress``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,6 +33,7 @@ from clusterkit.runners.ddp.placement import (
 if TYPE_CHECKING:
     from distributed import Client, Future
 
+    from clusterkit.runners.ddp.progress import Progress
     from clusterkit.runners.workdir import Project
 
 log = logging.getLogger(__name__)
@@ -185,6 +188,7 @@ class RunOptions:
     init_group: bool = True  # False for torchrun-style scripts that call init_process_group
     project: Project | None = None
     checkpoint_dir: str | None = None
+    on_progress: Callable[[Progress], None] | None = None
 
 
 def run(
@@ -197,6 +201,7 @@ def run(
     timeout: float | None = None,
     workdir: str | os.PathLike[str] | Project | None = "auto",
     checkpoint_dir: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``train_fn(ctx, *args, **kwargs)`` on every rank of a DDP group; results by rank.
@@ -206,8 +211,9 @@ def run(
     train_fn
         Called in each rank's process after ``init_process_group``; ``ctx`` gives ``rank``,
         ``world_size``, ``local_rank``, ``local_world_size``, ``device``,
-        ``save_checkpoint(state)`` and ``load_checkpoint()``. The torchrun variables (RANK,
-        WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set too.
+        ``save_checkpoint(state)``, ``load_checkpoint()`` and ``report(epoch=, **metrics)``.
+        The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+        MASTER_PORT) are set too.
     client
         Any ``distributed.Client``; default ``clusterkit.get_client()``.
     world_size
@@ -225,6 +231,10 @@ def run(
     checkpoint_dir
         fsspec URL or path (``s3://bucket/run``, a shared directory) for ``ctx``'s checkpoints;
         a later run resumes from them. Without it they pass through the scheduler (<= 64 MiB).
+    on_progress
+        Called with each progress report of rank 0, a dict such as ``{"epoch": 3, "loss":
+        0.41}`` (``ctx.report``; each checkpoint reports its state's ``epoch``/``step``, else
+        ``{"checkpoints": n}``), in order, on the client's event-loop thread: keep it quick.
 
     Raises
     ------
@@ -245,6 +255,7 @@ def run(
         timeout,
         project=project_dir.resolve(workdir, train_fn),
         checkpoint_dir=checkpoint_dir,
+        on_progress=on_progress,
     )
     return run_group(train_fn, args, kwargs, client, options)
 
@@ -281,12 +292,29 @@ def run_group(
     run_id = f"clusterkit-ddp-{uuid.uuid4().hex[:12]}"
     attempts = [0]
     raised = Collector(client, f"{run_id}-warnings")
+    if options.on_progress is not None:
+        _subscribe(client, f"{run_id}-progress", options.on_progress)
     try:
         results = _attempts(client, run_id, payload, options, attempts)
     finally:
+        if options.on_progress is not None:
+            with contextlib.suppress(Exception):  # a closed client must not hide the outcome
+                client.unsubscribe_topic(f"{run_id}-progress")
         _cleanup(client, run_id, attempts[0] + 1)
         raised.summary("ranks")
     return [cloudpickle.loads(r) for r in results]
+
+
+def _subscribe(client: Client, topic: str, on_progress: Callable[[Progress], None]) -> None:
+    """Pass each progress event on ``topic`` to ``on_progress``; its errors are logged only."""
+
+    def handle(event: tuple[float, dict[str, Progress]]) -> None:
+        try:
+            on_progress(dict(event[1]["progress"]))
+        except Exception:  # a broken display must not stop the training
+            log.warning("progress callback failed", exc_info=True)
+
+    client.subscribe_topic(topic, handle)
 
 
 def _attempts(
@@ -371,6 +399,7 @@ def _launch(launch: _Launch) -> list[bytes]:
         project=options.project,
         checkpoint_dir=options.checkpoint_dir,
         warnings_topic=f"{launch.run_id}-warnings",
+        progress_topic=f"{launch.run_id}-progress" if options.on_progress else None,
     )
     futures = []
     for spec, slot in zip(specs, slots, strict=True):

@@ -3,8 +3,8 @@
 Started by the Dask task that owns the rank (``ddp_worker``), often ahead of time as a spare.
 It talks to that task over one socket (``multiprocessing.connection`` framing): it says
 ``ready`` once torch is imported, receives the rank's spec, reports the rendezvous port (rank
-0), checkpoints, and finally a result or an error. It exits when its parent (the Dask worker)
-goes away, so nothing outlives the worker.
+0), checkpoints and progress, and finally a result or an error. It exits when its parent (the
+Dask worker) goes away, so nothing outlives the worker.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
+from clusterkit.runners.ddp import progress
+from clusterkit.runners.ddp.progress import Progress
 
 CHECKPOINT_DIR_ENV = "CLUSTERKIT_CHECKPOINT_DIR"  # set in ranks when checkpoint_dir is given
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -51,7 +54,7 @@ def _read_url(directory: str) -> bytes | None:
 
 
 class Context:
-    """What ``train_fn(ctx, ...)`` gets: its place in the group, device and checkpoints."""
+    """What ``train_fn(ctx, ...)`` gets: its place in the group, device, checkpoints, progress."""
 
     def __init__(self, spec: dict[str, Any], conn: Connection, device: Any) -> None:
         self.rank: int = spec["rank"]
@@ -65,6 +68,10 @@ class Context:
         self._conn = conn
         self._checkpoint: bytes | None = spec.get("checkpoint")
         self._checkpoint_dir: str | None = spec.get("checkpoint_dir")
+        self._send_lock = threading.Lock()  # a report from another thread must not interleave
+        self._saved = 0  # checkpoints this process saved
+        self._progress: Progress = {}  # the last progress sent
+        self._reported = False  # the function reports itself: a bare checkpoint count is noise
 
     @property
     def is_restart(self) -> bool:
@@ -87,16 +94,40 @@ class Context:
         data = buffer.getvalue()
         if self._checkpoint_dir:
             _write_url(self._checkpoint_dir, data)
-            return
-        if len(data) > SCHEDULER_CHECKPOINT_LIMIT:
+        elif len(data) > SCHEDULER_CHECKPOINT_LIMIT:
             raise ValueError(
                 f"checkpoint of {len(data) / 2**20:.0f} MiB is over the 64 MiB the scheduler "
                 "holds: pass checkpoint_dir=URL (--checkpoint-dir) to save it to storage"
             )
-        self._conn.send(("checkpoint", data))
-        reply = self._conn.recv()
-        if reply != ("ack",):
-            raise RuntimeError(f"checkpoint not stored: {reply!r}")
+        else:
+            with self._send_lock:
+                self._conn.send(("checkpoint", data))
+                reply = self._conn.recv()
+            if reply != ("ack",):
+                raise RuntimeError(f"checkpoint not stored: {reply!r}")
+        self._saved += 1
+        saved = progress.from_checkpoint(state, self._saved)
+        if progress.COUNT in saved and self._reported:
+            return
+        if any(self._progress.get(name) != value for name, value in saved.items()):
+            self._send_progress(saved)  # unless a report already said as much
+
+    def report(self, epoch: float | None = None, step: float | None = None, **metrics: Any) -> None:
+        """Show progress on the driver: ``ctx.report(epoch=3, loss=loss)``; only rank 0 counts.
+
+        Metrics are numbers or strings (one-element tensors are fine). The driver shows the
+        latest report (``clusterkit train``'s status line, a detached run's ``progress.json``).
+        Each ``save_checkpoint`` reports too: its state's ``epoch`` / ``step``, else a count.
+        """
+        if self.rank != 0:
+            return
+        self._reported = True
+        self._send_progress(progress.message(epoch, step, metrics))
+
+    def _send_progress(self, data: Progress) -> None:
+        self._progress = data
+        with self._send_lock:
+            self._conn.send(("progress", data))
 
     def load_checkpoint(self, map_location: Any = None) -> Any:
         """The last state rank 0 saved: in ``checkpoint_dir`` (this run or an earlier one),
@@ -196,6 +227,7 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
 
     store, device = _prepare(spec, conn)
     ctx = Context(spec, conn, device)
+    progress.set_context(ctx)
     train_fn, args, kwargs = cloudpickle.loads(spec["payload"])
     try:
         if spec["init_group"]:

@@ -25,6 +25,7 @@ from clusterkit.errors import BadInput
 if TYPE_CHECKING:
     from distributed import Client
 
+    from clusterkit.runners.ddp.progress import Progress
     from clusterkit.runners.workdir import Project
 
 _TARGET = re.compile(r"^(?P<path>.+?\.py)(?::(?P<func>[A-Za-z_][A-Za-z0-9_]*))?$")
@@ -116,13 +117,15 @@ def run_file(
     backend: str = "auto",
     workdir: str | os.PathLike[str] | Project | None = "auto",
     checkpoint_dir: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> list[Any]:
     """Run ``FILE.py`` (its ``__main__``, torchrun-style) or ``FILE.py:FUNC`` on every rank.
 
     A script brings its own ``init_process_group("env://")``; a function is called as
     ``FUNC(ctx, *argv)`` inside a group the runner set up, like :func:`ddp.run`'s ``train_fn``.
     ``workdir``: the project the script runs in (``"auto"``: the script's directory); None
-    ships the file alone into a temporary directory.
+    ships the file alone into a temporary directory. ``on_progress``: as :func:`ddp.run`'s
+    (a script reports with ``from clusterkit.runners.ddp import report``).
     """
     from clusterkit.runners.ddp.driver import RunOptions, run_group
 
@@ -147,6 +150,7 @@ def run_file(
         init_group=loaded.function is not None,
         project=project,
         checkpoint_dir=checkpoint_dir,
+        on_progress=on_progress,
     )
     return run_group(fn, fn_args, {}, client, options)
 

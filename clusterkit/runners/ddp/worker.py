@@ -192,11 +192,37 @@ def _store_checkpoint(run_id: str, data: bytes) -> None:
     Event(f"{run_id}-ckpt", client).set()
 
 
+class _ProgressRelay:
+    """Rank 0's progress to the driver's event topic: at most every ``every`` seconds, the
+    latest report always (``flush`` sends one held back)."""
+
+    def __init__(self, topic: str | None, every: float = 0.25) -> None:
+        self.topic = topic
+        self.every = every
+        self.pending: dict[str, Any] | None = None
+        self.sent_at = -float("inf")
+
+    def put(self, progress: dict[str, Any]) -> None:
+        self.pending = progress
+        if time.monotonic() - self.sent_at >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.topic is None or self.pending is None:
+            return
+        from distributed import get_worker
+
+        # wrapped: the scheduler adds a "worker" key to a dict message, beside the metrics
+        get_worker().log_event(self.topic, {"progress": self.pending})
+        self.pending, self.sent_at = None, time.monotonic()
+
+
 def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
     key, rank = spec["key"], spec["rank"]
     proc, conn = child.proc, child.conn
     ready = child.ready
     sent = False
+    relay = _ProgressRelay(spec.get("progress_topic"))
     while True:
         if key in _aborted:
             raise RankError(rank, "Aborted", "stopped because another rank failed", "", time.time())
@@ -207,6 +233,7 @@ def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
             conn.send(spec)
             sent = True
         if not conn.poll(0.2):
+            relay.flush()
             if proc.poll() is not None and not conn.poll(0):
                 raise RankError(rank, "ProcessExit", _exit_text(proc.returncode), "", time.time())
             continue
@@ -225,11 +252,14 @@ def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
             conn.send(("ack",))
         elif kind == "started":
             continue
+        elif kind == "progress":
+            relay.put(rest[0])
         elif kind == "warnings":
             from clusterkit.runners.workdir.once import send
 
             send(spec["warnings_topic"], rest[0])
         elif kind == "result":
+            relay.flush()
             return rest[0]
         elif kind == "error":
             info = rest[0]
