@@ -38,6 +38,8 @@ SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
 AuthType=auth/munge
+# a requeued job waits cred_expire seconds before it may start again (default 120)
+AuthInfo=cred_expire=10
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/slurmctld.pid

@@ -41,7 +41,7 @@ script="${{@: -1}}"
 n=$(flock "$D/lock" bash -c 'n=$(( $(cat "$1/next" 2>/dev/null || echo 0) + 1 )); \
     echo "$n" > "$1/next"; echo "$n"' _ "$D")
 cp "$script" "$D/$n.sh"
-setsid bash "$D/$n.sh" > "$D/$n.out" 2> "$D/$n.err" < /dev/null &
+PBS_JOBID="$n.pbs-stub" setsid bash "$D/$n.sh" > "$D/$n.out" 2> "$D/$n.err" < /dev/null &
 echo $! > "$D/$n.pid"
 echo "$n.pbs-stub"
 """
@@ -69,6 +69,16 @@ for id in "$@"; do
 done
 """
 
+PBSDSH = """\
+#!/usr/bin/env bash
+# stand-in pbsdsh -n INDEX -- PROGRAM ARGS: record, run the task here (one node)
+D="{state}"
+echo "pbsdsh $*" >> "$D/calls"
+[ "$1" = "-n" ] && [ "$3" = "--" ] || {{ echo "pbsdsh: usage" >&2; exit 2; }}
+shift 3
+exec "$@"
+"""
+
 
 @pytest.fixture
 def pbs_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -77,7 +87,7 @@ def pbs_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     state.mkdir()
     bin_dir = tmp_path / "pbs-bin"
     bin_dir.mkdir()
-    for name, text in (("qsub", QSUB), ("qstat", QSTAT), ("qdel", QDEL)):
+    for name, text in (("qsub", QSUB), ("qstat", QSTAT), ("qdel", QDEL), ("pbsdsh", PBSDSH)):
         path = bin_dir / name
         path.write_text(text.format(state=state))
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -276,3 +286,43 @@ def test_logs_of_a_job_find_its_file_in_the_log_directory(tmp_path: Path) -> Non
     with pytest.raises(BadInput, match="no job '77' of cluster 'pb'"):
         PBSBackend().component_logs(record, "job 77", lines=50)
     assert PBSBackend().component_logs(record, "scheduler", lines=50) == {}
+
+
+# ---------------------------------------------------------------- a whole run in one job
+
+
+def test_a_batch_search_runs_in_one_job_with_a_worker_per_chunk(
+    pbs_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hpo --batch`` on PBS: one qsub, a select= line with one chunk per worker, the
+    workers started with pbsdsh on the allocation's chunks, the search to its end."""
+    import subprocess
+    import textwrap
+
+    import yaml
+
+    from clusterkit import runs
+
+    monkeypatch.setenv("CLUSTERKIT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    data = model(tmp_path).model_dump(mode="json", exclude={"name"}, exclude_none=True)
+    (tmp_path / "pb.yaml").write_text(yaml.safe_dump({**data, "requeue": True}))
+    objective = "def objective(trial):\n    return trial.suggest_float('x', 0, 1)\n"
+    (tmp_path / "search.py").write_text(textwrap.dedent(objective))
+    done = subprocess.run(
+        ["clusterkit", "hpo", "search.py:objective", "-n", "6", "-p", "pb.yaml", "--batch"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert runs.wait(run_id, timeout=120) == 0, runs.get(run_id).log.read_text()
+    made = calls(pbs_bin)
+    assert sum(line.startswith("qsub") for line in made) == 1
+    tasks = sorted(line.split(" -- ")[0] for line in made if line.startswith("pbsdsh"))
+    assert tasks == ["pbsdsh -n 0", "pbsdsh -n 1"]
+    script = (pbs_bin / "1.sh").read_text()
+    assert "#PBS -l select=2:ncpus=1:mem=1024mb" in script and "#PBS -r y" in script
+    assert f"#PBS -N {run_id}\n" in script  # the run's identity in PBS's 15 characters
+    assert runs.show(run_id)["target"].startswith("pbs job 1.pbs-stub")

@@ -263,6 +263,61 @@ def test_a_run_whose_cluster_died_is_shown_so_and_still_stops(
     api.down("brief")  # reaps the dead record
 
 
+def test_a_killed_monitor_is_resumed_by_the_cluster_supervisor(
+    in_lab: tuple[str, Path],
+) -> None:
+    """The monitor SIGKILLed (as its death with a rebooted host would look): the cluster's
+    supervisor ends what its driver still runs, starts the run again, counts a restart."""
+    _, root = in_lab
+    name = api.up(root / "lab.yaml", name="watched").name
+    run_id = runs.launch(
+        "hpo", ["search.py:objective", "-n", "16", "--study-name", "orphan", "-p", name]
+    )
+    _until("two finished trials", lambda: _done(run_id) >= 2)
+    first = runs.show(run_id)
+    os.kill(first["monitor_pid"], signal.SIGKILL)
+    try:
+        assert runs.wait(run_id, timeout=120) == 0
+    finally:
+        api.down(name)
+    info = runs.show(run_id)
+    assert info["restarts"] == 1 and info["monitor_pid"] != first["monitor_pid"]
+    assert info["restart_reasons"] == [
+        f"monitor pid {first['monitor_pid']} gone: resumed by the supervisor of cluster '{name}'"
+    ]
+    assert not state.pid_alive(first["driver_pid"])
+    kept = [t for t in _study(root, "orphan").get_trials() if counted(t)]
+    assert len(kept) == 16 and len({t.number for t in kept}) == 16
+
+
+def test_runs_resume_starts_a_lost_run_again(
+    in_lab: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run on an embedded profile has no supervisor to resume it: `runs resume ID`."""
+    from clusterkit.lifecycle.spawn import kill_group
+
+    _, root = in_lab
+    run_id = runs.launch(
+        "hpo", ["search.py:objective", "-n", "12", "--study-name", "lost", "-p", "lab.yaml"]
+    )
+    _until("a finished trial", lambda: _done(run_id) >= 1)
+    first = runs.show(run_id)
+    assert _cli("runs", "resume", run_id) == 2  # still running: not lost
+    assert "is not lost: running" in capsys.readouterr().err
+    os.kill(first["monitor_pid"], signal.SIGKILL)
+    kill_group(first["driver_pid"], grace=0)  # the host's reboot, as the run sees it
+    _until("the run shown lost", lambda: runs.show(run_id)["state"].startswith("lost"), 10)
+    assert _cli("runs", "resume", run_id) == 0
+    assert runs.wait(run_id, timeout=120) == 0
+    info = runs.show(run_id)
+    assert info["restarts"] == 1 and info["restart_reasons"] == [
+        "resumed by `clusterkit runs resume`"
+    ]
+    kept = [t for t in _study(root, "lost").get_trials() if counted(t)]
+    assert len(kept) == 12 and len({t.number for t in kept}) == 12
+    assert _cli("runs", "resume", run_id) == 2  # ended: nothing to resume
+
+
 def test_a_run_whose_cluster_is_gone_says_so(tmp_path: Path) -> None:
     record = RunRecord(
         id="hpo-x",
@@ -310,6 +365,30 @@ def test_detach_with_bad_input_fails_before_a_run_id(
     (tmp_path / "bad.py").write_text("1 / 0\n")
     monkeypatch.chdir(tmp_path)
     assert _cli("hpo", *args, "--detach") == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and err.startswith("error: ") and "\n" not in err, err
+    assert expected in err
+    assert not state.runs_dir().exists() or not state.run_ids()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-n", "4"], "--batch needs --profile: a slurm or pbs profile"),
+        (["-n", "4", "-p", "local"], "one SLURM or PBS job; profile 'local' is local"),
+    ],
+)
+def test_batch_needs_a_slurm_or_pbs_profile(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    expected: str,
+) -> None:
+    (tmp_path / "search.py").write_text(textwrap.dedent(OBJECTIVE))
+    monkeypatch.chdir(tmp_path)
+    assert _cli("hpo", "search.py:objective", *args, "--batch") == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert captured.out == "" and err.startswith("error: ") and "\n" not in err, err

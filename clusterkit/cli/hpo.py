@@ -88,10 +88,14 @@ def hpo(
     ),
     detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
     max_restarts: int = typer.Option(3, "--max-restarts", help="Detached: driver restarts."),
+    batch: bool = typer.Option(
+        False, "--batch", help="Run all of it in one SLURM/PBS job; print its ID."
+    ),
 ) -> str | None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage.
 
-    With --detach the search runs in the background (`clusterkit runs` lists it)."""
+    With --detach the search runs in the background (`clusterkit runs` lists it); with
+    --batch scheduler, driver and workers run inside one job of the profile's batch system."""
     _check_numbers(trials, direction, gpus_per_trial, timeout, max_restarts)
 
     from clusterkit.runners.hpo import inputs as hpo_inputs
@@ -105,7 +109,7 @@ def hpo(
         load_profile(profile)
     name = study_name or hpo_inputs.default_study_name(objective)
     store = hpo_inputs.resolve_storage(storage, name)
-    if detach:
+    if detach or batch:
         run_id = _detach(name, context.params)
         typer.echo(run_id)
         return run_id
@@ -171,7 +175,8 @@ def _detach(name: str, params: dict[str, Any]) -> str:
         argv += ["--workdir", _absolute(params["workdir"])]
     if params["workdir_max_size"] is not None:
         argv += ["--workdir-max-size", params["workdir_max_size"]]
-    return submit("hpo", argv, profile=profile, results=out, max_restarts=params["max_restarts"])
+    restarts, batch = params["max_restarts"], params["batch"]
+    return submit("hpo", argv, profile=profile, results=out, max_restarts=restarts, batch=batch)
 
 
 def register(app: typer.Typer) -> None:

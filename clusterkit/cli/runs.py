@@ -8,7 +8,7 @@ import time
 import typer
 
 runs_app = typer.Typer(
-    help="Detached runs (`hpo|train --detach`): list, follow, wait for, stop, show.",
+    help="Detached runs (`hpo|train --detach|--batch`): list, follow, wait, stop, resume, show.",
     invoke_without_command=True,
 )
 
@@ -99,6 +99,15 @@ def stop(
 
     record = runs.stop(run_id, timeout=timeout)
     console.message(f"{run_id}: {record.state}" + (f" ({record.reason})" if record.reason else ""))
+
+
+@runs_app.command()
+def resume(run_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Start a lost run again (its monitor or batch job is gone); it resumes where it was."""
+    from clusterkit import console, runs
+
+    record = runs.resume(run_id)
+    console.message(f"{run_id}: {record.state} (restart {record.restarts})")
 
 
 @runs_app.command()

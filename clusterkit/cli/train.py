@@ -72,11 +72,15 @@ def train(
     ),
     detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
     driver_restarts: int = typer.Option(3, "--driver-restarts", help="Detached: restarts."),
+    batch: bool = typer.Option(
+        False, "--batch", help="Run all of it in one SLURM/PBS job; print its ID."
+    ),
 ) -> str | None:
     """Train with DistributedDataParallel: one rank per worker (per GPU), torchrun's env.
 
     Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings). Ranks run
-    in the project directory (in place on a shared disk, else a synced copy).
+    in the project directory (in place on a shared disk, else a synced copy). The status line
+    shows rank 0's latest progress: its checkpoints' epoch, or what it reports.
     """
     from clusterkit import console
     from clusterkit.runners.ddp.script import load_target
@@ -84,16 +88,17 @@ def train(
     loaded = load_target(target)
     model = _checked_profile(profile, world_size, max_restarts)
     project = _project(loaded, None if no_workdir else (workdir or "auto"), workdir_max_size)
-    if detach:
+    if detach or batch:
         return _detach(loaded, list(context.args), context.params)
 
     from clusterkit.client import get_client
+    from clusterkit.runners.ddp.progress import ProgressDisplay, describe
     from clusterkit.runners.ddp.script import run_file
 
     client = get_client(model)
     try:
         on = model if isinstance(model, str) else model.name
-        with console.err().status(f"training {loaded.path.name} on '{on}'..."):
+        with ProgressDisplay(f"training {loaded.path.name} on '{on}'") as display:
             results = run_file(
                 loaded,
                 list(context.args),
@@ -103,11 +108,13 @@ def train(
                 timeout=timeout,
                 workdir=project,
                 checkpoint_dir=checkpoint_dir,
+                on_progress=display.update,
             )
     finally:
         client.close()
     if all(value is None for value in results):  # a torchrun-style script returns nothing
-        console.message(f"trained {loaded.path.name}: {len(results)} ranks finished")
+        last = f" ({describe(display.latest)})" if display.latest else ""
+        console.message(f"trained {loaded.path.name}: {len(results)} ranks finished{last}")
     else:
         console.table(None, ["rank", "result"], [(r, repr(v)) for r, v in enumerate(results)])
     return None
@@ -152,7 +159,13 @@ def _detach(loaded: Any, script_args: list[str], params: dict[str, Any]) -> str:
         argv += ["--", *script_args]
     restarts = params["driver_restarts"]
     run_id = submit(
-        "train", argv, profile=profile, results=checkpoints, max_restarts=restarts, run_id=run_id
+        "train",
+        argv,
+        profile=profile,
+        results=checkpoints,
+        max_restarts=restarts,
+        run_id=run_id,
+        batch=params["batch"],
     )
     typer.echo(run_id)
     return run_id

@@ -131,9 +131,20 @@ class Supervisor:
                 return
             if _answers(cluster):
                 last_seen = time.monotonic()
+                self._resume_lost_runs()
             elif time.monotonic() - last_seen > SCHEDULER_LOST:
                 logger.error("the scheduler has not answered for %.0fs: closing", SCHEDULER_LOST)
                 return
+
+    def _resume_lost_runs(self) -> None:
+        """Detached runs on this cluster whose monitor died start again (clusterkit.runs)."""
+        from clusterkit import runs
+
+        try:
+            for run_id in runs.resume_lost_on_cluster(self.name):
+                logger.warning("run %s lost its monitor: resumed", run_id)
+        except Exception:
+            logger.exception("resuming the lost runs of %s failed", self.name)
 
     def close(self) -> None:
         if self.started is not None:

@@ -35,6 +35,7 @@ __all__ = [
     "list_runs",
     "logs",
     "new_id",
+    "resume",
     "show",
     "stop",
     "stop_on_cluster",
@@ -73,35 +74,56 @@ def submit(
     results: str | None = None,
     max_restarts: int = 3,
     run_id: str | None = None,
+    batch: bool = False,
 ) -> str:
-    """Record a run of ``clusterkit KIND ARGV`` (inputs already checked) and detach it.
+    """Record a run of ``clusterkit KIND ARGV`` (inputs already checked) and detach it, or
+    with ``batch`` submit it as one batch job (:mod:`clusterkit.runs.batch`).
 
-    Returns the run ID once its monitor runs; the driver starts right after.
+    Returns the run ID once its monitor runs (or its job is queued); the driver starts after.
     """
+    from clusterkit.runs import batch as batch_job
     from clusterkit.runs.process import detach
 
     if max_restarts < 0:
         raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
+    loaded = batch_job.checked_profile(profile) if batch else None
     record = RunRecord(
         id=run_id or new_id(kind),
         kind=kind,
         argv=list(argv),
         cwd=os.getcwd(),
         profile=profile or os.environ.get("CLUSTERKIT_PROFILE") or "local",
-        cluster=cluster_for(profile),
+        cluster=None if batch else cluster_for(profile),
         results=results,
         max_restarts=max_restarts,
     )
     state.check_space(state.run_dir(record.id))
+    if loaded is not None:
+        record.state, record.batch = "queued", batch_job.plan(loaded, record)
     record.save()
     try:
-        detach(record)
+        if loaded is None:
+            detach(record)
+        else:
+            _submit_batch(record, loaded)
     except BaseException as error:
         record.state, record.exit_code, record.reason = "failed", 1, str(error)[:200]
         record.ended_at = time.time()
         record.save()
         raise
     return record.id
+
+
+def _submit_batch(record: RunRecord, profile: Any) -> None:
+    """Certificates in the run's folder (the job's nodes share it), then the job."""
+    from clusterkit import security
+    from clusterkit.runs import batch as batch_job
+
+    if profile.protocol == "tls":
+        security.generate_tls(state.run_dir(record.id) / batch_job.TLS_DIR)
+    job_id = batch_job.submit_job(record, profile)
+    # beside the record, not in it: the job may be writing its record already
+    state.write_private(state.run_dir(record.id) / batch_job.JOB_ID_NAME, job_id)
 
 
 def launch(kind: str, args: list[str], *, max_restarts: int = 3) -> str:
@@ -139,12 +161,12 @@ def row(entry: RunRecord | UnreadableRun) -> dict[str, Any]:
         }
     shown = progress(entry)
     done = f"{shown['done']}/{shown['total']}" if "done" in shown else None
-    if "epoch" in shown:
-        done = f"epoch {shown['epoch']}"
+    if "epoch" in shown or "step" in shown:
+        done = f"epoch {shown['epoch']}" if "epoch" in shown else f"step {shown['step']}"
     return {
         "id": entry.id,
         "kind": entry.kind,
-        "target": f"cluster {entry.cluster}" if entry.cluster else f"profile {entry.profile}",
+        "target": _target(entry),
         "state": shown_state(entry),
         "progress": done,
         "best": shown.get("best"),
@@ -152,6 +174,15 @@ def row(entry: RunRecord | UnreadableRun) -> dict[str, Any]:
         "restarts": entry.restarts,
         "restart_reasons": list(entry.reasons),
     }
+
+
+def _target(record: RunRecord) -> str:
+    from clusterkit.runs import batch as batch_job
+
+    if record.batch is not None:
+        job = batch_job.job_id(record) or "(submitting)"
+        return f"{record.batch['system']} job {job} ({record.profile})"
+    return f"cluster {record.cluster}" if record.cluster else f"profile {record.profile}"
 
 
 def list_runs() -> list[dict[str, Any]]:
@@ -196,6 +227,10 @@ def stop(run_id: str, *, timeout: float = STOP_TIMEOUT) -> RunRecord:
     record = get(run_id)
     if record.final:
         return record
+    if record.batch is not None:
+        from clusterkit.runs import batch as batch_job
+
+        return batch_job.stop(record, timeout)
     _local(record, "stopped")
     (state.run_dir(run_id) / STOP_NAME).touch()
     signalled: set[int] = set()
@@ -233,10 +268,8 @@ def wait(run_id: str, *, timeout: float | None = None) -> int:
             if record.state == "succeeded":
                 return 0
             return record.exit_code or 1
-        if record.elsewhere:
-            pass  # its host's monitor records the end on the shared state directory
-        elif record.monitor_pid is not None and not state.pid_alive(record.monitor_pid):
-            raise ClusterkitError(f"run '{run_id}' is lost: its monitor is gone")
+        if _gone(record):
+            raise ClusterkitError(f"run '{run_id}': {shown_state(record)}")
         if deadline is not None and time.monotonic() > deadline:
             raise ClusterkitError(f"run '{run_id}' is still {record.state} after {timeout:g}s")
         time.sleep(0.2)
@@ -265,8 +298,7 @@ def logs(run_id: str, *, follow: bool = False, lines: int | None = None) -> Iter
         if not follow:
             return
         record = get(run_id)
-        gone = not record.elsewhere and not state.pid_alive(record.monitor_pid)
-        if record.final or (gone and record.monitor_pid is not None):
+        if record.final or _gone(record):
             with open(path, "rb") as handle:  # what the last moment wrote
                 handle.seek(position)
                 rest = handle.read()
@@ -274,6 +306,82 @@ def logs(run_id: str, *, follow: bool = False, lines: int | None = None) -> Iter
                 yield rest.decode(errors="replace")
             return
         time.sleep(0.2)
+
+
+def _lost(record: RunRecord) -> bool:
+    """Whether nothing runs the run any more: its monitor died here, or its batch job left
+    the queue (a job being requeued has no monitor for a while, and is not lost)."""
+    if record.batch is not None:
+        from clusterkit.runs.batch import job_gone
+
+        return job_gone(record) and not get(record.id).final
+    if record.elsewhere:  # its host's monitor records the end on the shared state directory
+        return False
+    return record.monitor_pid is not None and not state.pid_alive(record.monitor_pid)
+
+
+def _gone(record: RunRecord) -> bool:
+    """Lost, with nobody to resume it: not a run on a cluster whose supervisor will."""
+    return _lost(record) and not _supervised(record)
+
+
+def _supervised(record: RunRecord) -> bool:
+    """Whether the run's cluster is up here: its supervisor resumes a run that lost its
+    monitor within seconds (:func:`resume_lost_on_cluster`)."""
+    cluster = state.read_record(record.cluster) if record.cluster else None
+    return cluster is not None and state.is_live(cluster) and not cluster.elsewhere
+
+
+def resume(run_id: str, *, why: str = "resumed by `clusterkit runs resume`") -> RunRecord:
+    """Start a lost run again: its monitor died (its host rebooted, it was killed) or its
+    batch job left the queue. What the old driver may still run is ended first; the search
+    resumes from its storage, the training from its last checkpoint; counted as a restart."""
+    from clusterkit.lifecycle.spawn import group_alive, kill_group
+    from clusterkit.runs import batch as batch_job
+    from clusterkit.runs.process import detach
+
+    record = get(run_id)
+    if record.final:
+        raise BadInput(f"run '{run_id}' has ended ({record.state}): start it again instead")
+    if not _lost(record):
+        raise BadInput(f"run '{run_id}' is not lost: {shown_state(record)}")
+    if record.batch is None:
+        _local(record, "resumed")
+        if record.driver_pid and group_alive(record.driver_pid):
+            kill_group(record.driver_pid, grace=10.0)
+    record.restarts += 1
+    record.reasons.append(why)
+    record.state, record.monitor_pid, record.driver_pid = "restarting", None, None
+    if record.batch is not None:
+        record.batch.update(job_id=None, starts=0)  # the new job counts no second restart
+        record.state = "queued"
+    record.save()
+    if record.batch is not None:
+        job_id = batch_job.resubmit(record)
+        state.write_private(state.run_dir(run_id) / batch_job.JOB_ID_NAME, job_id)
+    else:
+        detach(record)
+    return get(run_id)
+
+
+def resume_lost_on_cluster(name: str) -> list[str]:
+    """What the supervisor of cluster ``name`` runs every few seconds: its runs on this host
+    whose monitor died are started again (within their restarts; else they fail)."""
+    from clusterkit.runs.process import end
+
+    resumed = []
+    for entry in all_runs():
+        if not isinstance(entry, RunRecord) or entry.cluster != name or entry.final:
+            continue
+        if entry.batch is not None or not _lost(entry):
+            continue
+        why = f"monitor pid {entry.monitor_pid} gone"
+        if entry.restarts >= entry.max_restarts:
+            end(entry, "failed", 1, f"{why}, no restart left ({entry.restarts})")
+            continue
+        resume(entry.id, why=f"{why}: resumed by the supervisor of cluster '{name}'")
+        resumed.append(entry.id)
+    return resumed
 
 
 def stop_on_cluster(name: str) -> list[str]:

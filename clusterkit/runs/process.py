@@ -30,9 +30,11 @@ from clusterkit.runs.records import (
     LOG_NAME,
     MONITOR_LOG,
     PROGRESS_NAME,
+    REQUEUE_NAME,
     STOP_NAME,
     RunRecord,
     get,
+    requeue_requested,
     stop_requested,
 )
 
@@ -108,26 +110,36 @@ def _tail(path: Path, lines: int = 3) -> str:
 # ------------------------------------------------------------------ the monitor
 
 
-def monitor(run_id: str, ready_fd: int | None = None) -> int:
-    """Run the driver to its end, restarting it after a death by signal; record each step."""
+def monitor(run_id: str, ready_fd: int | None = None, *, batch: bool = False) -> int:
+    """Run the driver to its end, restarting it after a death by signal; record each step.
+
+    ``batch``: inside a batch job (:mod:`clusterkit.runs.batch`), where a SIGTERM (or the
+    SIGUSR1 sent before the walltime) without a stop request is the batch system ending the
+    job: the driver stops gracefully and the run waits to be requeued."""
     record = get(run_id)
     record.monitor_pid = os.getpid()  # saved with the driver's pid: one write before it runs
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     driver: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:  # `kill MONITOR`: a stop, not a death
-        (state.runs_dir() / run_id / STOP_NAME).touch()
+        folder = state.runs_dir() / run_id
+        if batch and not (folder / STOP_NAME).exists():  # which: the job requeues itself
+            state.write_private(folder / REQUEUE_NAME, signal.Signals(signum).name)
+        else:
+            (folder / STOP_NAME).touch()
         for pid in driver:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, forward)
+    if batch:
+        signal.signal(signal.SIGUSR1, forward)
     if ready_fd is not None:
         os.write(ready_fd, str(os.getpid()).encode())
         os.close(ready_fd)
     while True:
         if stop_requested(record):
-            _end(record, "stopped", 130, "stopped before its driver started")
+            end(record, "stopped", 130, "stopped before its driver started")
             return 0
         record.state = "running"
         wait = _start_driver(record)
@@ -137,10 +149,13 @@ def monitor(run_id: str, ready_fd: int | None = None) -> int:
         driver.clear()
         _clear_group(record.driver_pid)
         if stop_requested(record):
-            _end(record, "stopped", code, "stopped by `clusterkit runs stop`")
+            end(record, "stopped", code, "stopped by `clusterkit runs stop`")
+            return 0
+        if requeue_requested(record):
+            _await_requeue(record)
             return 0
         if code == 0:
-            _end(record, "succeeded", 0, None)
+            end(record, "succeeded", 0, None)
             return 0
         if signum is not None and record.restarts < record.max_restarts:
             name = signal.Signals(signum).name
@@ -148,7 +163,7 @@ def monitor(run_id: str, ready_fd: int | None = None) -> int:
             record.reasons.append(f"driver pid {record.driver_pid} killed by {name}")
             record.state = "restarting"
             record.save()
-            _note(record, f"driver killed by {name}: restart {record.restarts}")
+            note(record, f"driver killed by {name}: restart {record.restarts}")
             continue
         if signum is not None:
             why = f"driver killed by {signal.Signals(signum).name}"
@@ -156,8 +171,22 @@ def monitor(run_id: str, ready_fd: int | None = None) -> int:
                 why += f", no restart left ({record.restarts}/{record.max_restarts})"
         else:
             why = f"driver exited with {code}" + _last_error(record)
-        _end(record, "failed", code, why)
+        end(record, "failed", code, why)
         return 0
+
+
+def _await_requeue(record: RunRecord) -> None:
+    """The batch system is ending the job: wait for it to be requeued (the profile allows
+    it and restarts are left), else the run failed."""
+    why = f"job {(record.batch or {}).get('job_id')} ended by its batch system"
+    if not (record.batch or {}).get("requeue"):
+        end(record, "failed", 1, f"{why} (walltime or preemption); the profile has no requeue")
+    elif record.restarts >= record.max_restarts:
+        end(record, "failed", 1, f"{why}, no restart left ({record.restarts})")
+    else:
+        record.state, record.monitor_pid, record.driver_pid = "queued", None, None
+        record.save()
+        note(record, f"{why}: waiting to be requeued")
 
 
 def _last_error(record: RunRecord) -> str:
@@ -174,14 +203,14 @@ def _last_error(record: RunRecord) -> str:
     return f": {found[-1].removeprefix('error: ')[:160]}" if found else ""
 
 
-def _end(record: RunRecord, final: str, code: int, reason: str | None) -> None:
+def end(record: RunRecord, final: str, code: int, reason: str | None) -> None:
     record.state, record.exit_code, record.reason = final, code, reason
     record.ended_at = time.time()
     record.save()
-    _note(record, f"run {final}" + (f": {reason}" if reason else ""))
+    note(record, f"run {final}" + (f": {reason}" if reason else ""))
 
 
-def _note(record: RunRecord, text: str) -> None:
+def note(record: RunRecord, text: str) -> None:
     """A line in the driver's log, so that `runs logs` tells the run's whole story."""
     with _private_log(state.run_dir(record.id) / LOG_NAME) as log:
         log.write(f"[clusterkit runs] {time.strftime('%H:%M:%S')} {text}\n".encode())
@@ -209,6 +238,10 @@ def _start_driver(record: RunRecord) -> Any:
                 os.setpgid(0, 0)
                 _to_log(log, keep=2)
                 code = driver(record.id)
+            except BaseException:  # os._exit below would swallow it: its traceback to the log
+                import traceback
+
+                traceback.print_exc()
             finally:
                 import logging
 
@@ -265,6 +298,8 @@ def driver(run_id: str) -> int:
     )
     if record.kind == "hpo":
         _report_hpo_progress(state.run_dir(run_id) / PROGRESS_NAME)
+    elif record.kind == "train":
+        _report_train_progress(state.run_dir(run_id) / PROGRESS_NAME)
     from clusterkit.cli import main
 
     try:
@@ -306,6 +341,60 @@ def _report_hpo_progress(path: Path, every: float = 1.0) -> None:
 
     report.ProgressDisplay.update = update  # type: ignore[method-assign]
     report.ProgressDisplay.close = close  # type: ignore[method-assign]
+
+
+def _report_train_progress(path: Path, every: float = 1.0) -> None:
+    """Have the training's status line also write ``progress.json`` (``{"epoch": 3, ...}``,
+    for `runs`) and a ``[progress]`` line to the log, at most once every ``every`` seconds; a
+    report held back is written when that second is over (or at the end), never lost."""
+    import threading
+
+    from clusterkit.runners.ddp.progress import ProgressDisplay, describe
+
+    shown, closed = ProgressDisplay.update, ProgressDisplay.close
+    lock = threading.Lock()
+    last: dict[str, Any] = {"at": -every, "line": None, "held": None, "timer": None}
+
+    def update(self: Any, progress: dict[str, Any]) -> None:
+        shown(self, progress)
+        write(progress)
+
+    def close(self: Any) -> None:
+        closed(self)
+        with lock:
+            held = last["held"]
+            if last["timer"] is not None:
+                last["timer"].cancel()
+        if held is not None:
+            write(held, final=True)
+
+    def write(progress: dict[str, Any], final: bool = False) -> None:
+        line = describe(progress)
+        with lock:
+            wait = last["at"] + every - time.monotonic()
+            if line == last["line"]:
+                last["held"] = None
+                return
+            if wait > 0 and not final:  # too soon: the latest is written once the second ends
+                last["held"] = progress
+                if last["timer"] is None:
+                    timer = threading.Timer(wait, flush)
+                    timer.daemon = True
+                    timer.start()
+                    last["timer"] = timer
+                return
+            last.update(at=time.monotonic(), line=line, held=None)
+            state.write_private(path, json.dumps(progress))
+            print(f"[progress] {line}", file=sys.stderr, flush=True)
+
+    def flush() -> None:
+        with lock:
+            held, last["timer"] = last["held"], None
+        if held is not None:
+            write(held)
+
+    ProgressDisplay.update = update  # type: ignore[method-assign]
+    ProgressDisplay.close = close  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ LOG_NAME = "driver.log"
 MONITOR_LOG = "monitor.log"
 PROGRESS_NAME = "progress.json"
 STOP_NAME = "stop"
+REQUEUE_NAME = "requeue"  # a batch run's job is being ended by its batch system
 
 
 @dataclass
@@ -38,7 +39,8 @@ class RunRecord:
     cluster: str | None  # a cluster from `up` the driver attaches to; None: embedded
     results: str | None  # results folder (hpo) or checkpoint folder (train)
     max_restarts: int = 3
-    state: str = "starting"  # starting | running | restarting | succeeded | failed | stopped
+    #: starting | queued (batch) | running | restarting | succeeded | failed | stopped
+    state: str = "starting"
     host: str = HOST
     monitor_pid: int | None = None
     driver_pid: int | None = None
@@ -46,6 +48,8 @@ class RunRecord:
     reasons: list[str] = field(default_factory=list)  # why each restart happened
     exit_code: int | None = None
     reason: str | None = None  # why a run ended as it did (failed, stopped)
+    #: a run inside one batch job (``--batch``): its plan and job (clusterkit.runs.batch)
+    batch: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
 
@@ -126,11 +130,19 @@ def stop_requested(record: RunRecord) -> bool:
     return (state.runs_dir() / record.id / STOP_NAME).exists()
 
 
+def requeue_requested(record: RunRecord) -> bool:
+    return (state.runs_dir() / record.id / REQUEUE_NAME).exists()
+
+
 def shown_state(record: RunRecord) -> str:
     """The state as the user should see it: a run whose monitor or cluster is gone says so."""
     if record.final:
         failed = record.state == "failed" and record.reason
         return f"{record.state} ({record.reason})" if failed else record.state
+    if record.batch is not None:
+        from clusterkit.runs.batch import job_state
+
+        return job_state(record)
     if record.elsewhere:
         return f"{record.state} on host {record.host}"
     if record.monitor_pid is None:

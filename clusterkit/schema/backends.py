@@ -190,6 +190,9 @@ class SLURMProfile(JobQueueProfile):
     gpu_directive: Literal["gres", "gpus-per-task"] = Field(
         "gres", description="how a job asks for GPUs: --gres=gpu:N or --gpus-per-task=N"
     )
+    requeue: bool = Field(
+        False, description="--batch runs: requeue the job at walltime or preemption, resuming"
+    )
 
 
 class PBSProfile(JobQueueProfile):
@@ -197,6 +200,9 @@ class PBSProfile(JobQueueProfile):
 
     backend: Literal["pbs"]
     resource_spec: str | None = Field(None, description="override the select=... line")
+    requeue: bool = Field(
+        False, description="--batch runs: requeue the job at walltime or preemption, resuming"
+    )
 
 
 _RESOURCE_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"

@@ -70,7 +70,9 @@ def scheduler_options(profile: JobQueueProfile) -> dict[str, Any]:
     return options.scheduler_options(profile, scheduler_host(profile))
 
 
-def _worker_args(profile: JobQueueProfile, security: ClusterSecurity) -> list[str]:
+def worker_args(profile: JobQueueProfile, *, lifetime: bool = True) -> list[str]:
+    """The worker command's flags; ``lifetime=False``: workers stay until their job ends (a
+    batch run, whose driver leaves before the walltime itself)."""
     args: list[str] = []
     if not profile.interface and scheduler_host(profile) == LOOPBACK:
         args += ["--host", LOOPBACK]  # listen where the scheduler can reach, not on every NIC
@@ -85,9 +87,9 @@ def _worker_args(profile: JobQueueProfile, security: ClusterSecurity) -> list[st
     args += options.ucx_cli_flags(profile)
     if gpus:
         args += cuda.worker_flags(profile.cuda)
-    if not gpus:  # dask-cuda's worker has no lifetime flags: it reads them from the environment
-        lifetime, stagger = lifetime_plan(profile)
-        args += ["--lifetime", _seconds(lifetime), "--lifetime-stagger", _seconds(stagger)]
+    if lifetime and not gpus:  # dask-cuda's worker reads lifetime flags from the environment
+        duration, stagger = lifetime_plan(profile)
+        args += ["--lifetime", _seconds(duration), "--lifetime-stagger", _seconds(stagger)]
         if profile.lifetime_restart:
             args.append("--lifetime-restart")
     return args
@@ -120,7 +122,7 @@ def job_kwargs(
         "job_extra_directives": [*directives, *profile.job_extra],
         "job_script_prologue": _prologue(profile, security),
         "worker_command": GPU_WORKER if profile.worker.gpus else CPU_WORKER,
-        "worker_extra_args": _worker_args(profile, security),
+        "worker_extra_args": worker_args(profile),
         "interface": profile.interface,
         "protocol": f"{security.scheme}://",
         "security": security.distributed(),

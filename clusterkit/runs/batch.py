@@ -1,0 +1,448 @@
+"""Whole runs inside one batch allocation: ``clusterkit hpo|train ... --batch``.
+
+For sites that forbid jobs that submit jobs, or cap how many a user may queue: one job holds
+the scheduler, the driver and the workers, as dask-jobqueue's ``SLURMRunner`` does, but with
+the driver beside the scheduler on the job's first process, so no worker (GPU) task is given
+to it. The job runs ``python -m clusterkit.runs.batch RUN_ID``, which
+
+- starts the scheduler (certificates from the run's folder, which compute nodes share),
+- starts one worker per task of the allocation (``srun`` on SLURM, ``pbsdsh`` on PBS, each
+  ``python -m clusterkit.runs.batch RUN_ID --worker``),
+- runs the run's monitor, which runs the driver against that scheduler and restarts it after
+  a death by signal, as for ``--detach``,
+- and ends the workers and the scheduler once the driver has ended, so the job ends.
+
+``runs stop`` asks the job to stop (the driver stops gracefully; the job then ends) and
+cancels it if it does not. Near its walltime (SLURM: ``--signal``) or when the batch system
+ends it (preemption), a job whose profile says ``requeue: true`` is requeued and its driver
+resumes, counted as a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clusterkit import state
+from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.runs.records import REQUEUE_NAME, STOP_NAME, RunRecord, get
+
+if TYPE_CHECKING:
+    from clusterkit.schema import JobQueueProfile
+
+SYSTEMS = ("slurm", "pbs")
+SCHEDULER_FILE = "scheduler.json"
+JOB_ID_NAME = "job_id"
+JOB_SCRIPT = "job.sh"
+TLS_DIR = "tls"
+#: Seconds the job's first process waits for its scheduler, then for its workers.
+SCHEDULER_TIMEOUT = 60.0
+
+
+# ------------------------------------------------------------------ the login node's side
+
+
+def checked_profile(ref: str | None) -> JobQueueProfile:
+    """The profile of a ``--batch`` run: SLURM or PBS, else one line (exit 2)."""
+    from clusterkit.profiles import load_profile
+
+    if ref is None:
+        raise BadInput("--batch needs --profile: a slurm or pbs profile")
+    profile = load_profile(ref)
+    if profile.backend_name not in SYSTEMS:
+        raise BadInput(
+            f"--batch runs inside one SLURM or PBS job; profile '{profile.name}' is "
+            f"{profile.backend_name}",
+            hint="use --detach to run it detached on its own cluster",
+        )
+    if getattr(profile, "adapt", None) is not None:
+        raise BadInput(f"--batch holds a fixed allocation: profile '{profile.name}' adapts")
+    return profile  # type: ignore[return-value]
+
+
+def plan(profile: JobQueueProfile, record: RunRecord) -> dict[str, Any]:
+    """What the job needs to know, fixed at submission (a profile edited later changes nothing
+    of a queued run): the system, the worker count, the commands and the environment."""
+    from clusterkit.backends import options
+    from clusterkit.backends.jobqueue.jobs import (
+        CPU_WORKER,
+        GPU_WORKER,
+        lifetime_plan,
+        scheduler_options,
+        worker_args,
+    )
+    from clusterkit.units import walltime_seconds
+
+    folder = state.run_dir(record.id)
+    scheduler_file = str(folder / SCHEDULER_FILE)
+    spec = scheduler_options(profile)
+    scheduler = ["--scheduler-file", scheduler_file, "--protocol", profile.protocol]
+    if "host" in spec:
+        scheduler += ["--host", spec["host"]]
+    if "interface" in spec:
+        scheduler += ["--interface", spec["interface"]]
+    scheduler += ["--port", str(spec["port"] or 0)]
+    scheduler += ["--dashboard-address", spec["dashboard_address"]]
+    if not spec["dashboard"]:
+        scheduler.append("--no-dashboard")
+    worker = ["--interface", profile.interface] if profile.interface else []
+    worker += ["--scheduler-file", scheduler_file, "--nthreads", str(profile.worker.threads)]
+    worker += ["--memory-limit", str(int(profile.memory) // profile.processes)]
+    worker += ["--death-timeout", str(int(profile.death_timeout))]
+    worker += worker_args(profile, lifetime=False)
+    walltime = walltime_seconds(profile.walltime)
+    margin = walltime - lifetime_plan(profile)[0]
+    return {
+        "system": profile.backend_name,
+        "workers": profile.workers,
+        "python": profile.python or sys.executable,
+        "scheduler": scheduler,
+        "worker_module": GPU_WORKER if profile.worker.gpus else CPU_WORKER,
+        "worker": worker,
+        "env": {**profile.env, **options_env(profile)},
+        "requeue": bool(getattr(profile, "requeue", False)),
+        "signal_margin": int(margin),
+        "job_id": None,
+        "starts": 0,
+        "resources": options.resource_spec(profile.worker_resources()) or None,
+    }
+
+
+def options_env(profile: JobQueueProfile) -> dict[str, str]:
+    """The protocol's environment (UCX settings; TLS files come from the run's folder)."""
+    from clusterkit.security import ucx_env
+
+    return ucx_env(profile) if profile.protocol == "ucx" else {}
+
+
+def job_script(profile: JobQueueProfile, record: RunRecord) -> str:
+    """The job script: the batch system's directives (dask-jobqueue's header for the
+    profile's queue, account, walltime and memory, resized to one task per worker), the
+    profile's prologue, and the run."""
+    from clusterkit.backends.base import get_backend
+    from clusterkit.backends.jobqueue.jobs import hms
+
+    backend = get_backend(profile.backend_name)
+    batch = record.batch or {}
+    workers, cores = profile.workers, profile.cores_per_worker
+    per_worker = int(profile.memory) // profile.processes
+    log = state.run_dir(record.id) / "job-%j.log"
+    common: dict[str, Any] = {
+        "cores": cores,
+        "memory": str(per_worker),
+        "processes": 1,
+        "queue": profile.queue,
+        "account": profile.account,
+        "job_name": job_name(record.id, backend.JOB_NAME_LIMIT),  # type: ignore[attr-defined]
+        "python": batch["python"],
+    }
+    if profile.backend_name == "slurm":
+        gpus = ["--gpus-per-task=1"] if profile.worker.gpus else []
+        directives = [f"--ntasks={workers}", f"--cpus-per-task={cores}"]
+        directives += [f"--mem-per-cpu={max(1, per_worker // cores // 2**20)}M", *gpus]
+        if batch["requeue"]:  # the walltime's warning: the driver stops, the job requeues
+            directives += ["--requeue", f"--signal=B:USR1@{batch['signal_margin']}"]
+        else:
+            directives.append("--no-requeue")
+        directives += [f"-o {log}", f"-e {log}"]
+        skip = ["-n 1", "--cpus-per-task", "--mem="]
+        header_args = {"walltime": profile.walltime}
+    else:
+        chunk = getattr(profile, "resource_spec", None) or (
+            f"select={workers}:ncpus={cores}:mem={max(1, per_worker // 2**20)}mb"
+            + (":ngpus=1" if profile.worker.gpus else "")
+        )
+        directives = [f"-r {'y' if batch['requeue'] else 'n'}", "-j oe", f"-o {str(log)[:-7]}.log"]
+        skip = []
+        header_args = {"walltime": hms(profile.walltime), "resource_spec": chunk}
+    job = backend.job_class()(  # type: ignore[attr-defined]
+        "tls://placeholder:0",  # not used: the header is all that is taken
+        job_extra_directives=[*directives, *profile.job_extra],
+        job_directives_skip=skip,
+        **common,
+        **header_args,
+    )
+    python = batch["python"]
+    lines = ["#!/usr/bin/env bash", job.job_header, *profile.prologue]
+    lines.append(f"exec {python} -m clusterkit.runs.batch {record.id}")
+    return "\n".join(lines) + "\n"
+
+
+def job_name(run_id: str, limit: int) -> str:
+    """The job's name in the queue: the run's identity (``ck-hpo-1125-a1b2c3``; the run ID
+    alone where names are short, as PBS's 15 characters)."""
+    name = f"ck-{run_id}"
+    return name if len(name) <= limit else run_id[-limit:]
+
+
+def submit_job(record: RunRecord, profile: JobQueueProfile) -> str:
+    """Write the job script to the run's folder, submit it; the job id."""
+    state.write_private(state.run_dir(record.id) / JOB_SCRIPT, job_script(profile, record))
+    return resubmit(record)
+
+
+def resubmit(record: RunRecord) -> str:
+    """Submit the run's job script (again: ``runs resume`` of a job that left the queue)."""
+    from clusterkit.backends.base import get_backend
+
+    script = state.run_dir(record.id) / JOB_SCRIPT
+    system = (record.batch or {})["system"]
+    job_class = get_backend(system).job_class()  # type: ignore[attr-defined]
+    command = [job_class.submit_command, str(script)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, cwd=record.cwd, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ClusterkitError(f"{command[0]} failed: {error}") from error
+    found = re.search(job_class.job_id_regexp, done.stdout)
+    if done.returncode != 0 or not found:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise ClusterkitError(
+            f"{command[0]} refused the run's job: {why[-1] if why else done.returncode}"
+        )
+    return found.group("job_id")
+
+
+def queue_for(record: RunRecord) -> Any:
+    from clusterkit.backends.jobqueue.batch import PBSQueue, SlurmQueue
+
+    return SlurmQueue() if (record.batch or {}).get("system") == "slurm" else PBSQueue()
+
+
+def job_id(record: RunRecord) -> str | None:
+    """The run's job: as the job recorded it, else as the submission wrote it beside."""
+    found = (record.batch or {}).get("job_id")
+    if found:
+        return str(found)
+    try:
+        return (state.run_dir(record.id) / JOB_ID_NAME).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def job_state(record: RunRecord) -> str:
+    """A batch run's state as ``runs`` shows it: queued (with why) while its job waits,
+    lost once the job left the queue without an end recorded."""
+    job = job_id(record)
+    if job is None:
+        return record.state
+    info = queue_for(record).jobs([job]).get(job)
+    if info is None:
+        return f"lost: job {job} left the queue"
+    if info.state in ("PENDING", "Q", "H"):
+        return f"queued (job {job}: {info.reason or info.state.lower()})"
+    return record.state
+
+
+def job_gone(record: RunRecord) -> bool:
+    """Whether the run's job left the queue (a run not final whose job is gone is lost)."""
+    found = job_id(record)
+    return bool(found) and not queue_for(record).jobs([found])
+
+
+def stop(record: RunRecord, timeout: float) -> RunRecord:
+    """Ask the job to stop its run gracefully; cancel the job if it has not within
+    ``timeout`` (or at once, while it is still queued)."""
+    (state.run_dir(record.id) / STOP_NAME).touch()
+    job = job_id(record)
+    queue = queue_for(record)
+    deadline = time.monotonic() + timeout
+    while True:
+        record = get(record.id)
+        if record.final:
+            return record
+        pending = record.state == "queued"
+        if pending or time.monotonic() > deadline or not queue.jobs([job]):
+            if job:
+                from clusterkit.backends.jobqueue.batch import cancel_and_wait
+
+                cancel_and_wait(queue, [job], timeout=30.0)
+            record = get(record.id)
+            if not record.final:
+                record.state, record.reason, record.ended_at = "stopped", "stopped", time.time()
+                record.exit_code = 130
+                record.reason = f"stopped: job {job} cancelled"
+                record.save()
+            return record
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ inside the job
+
+
+def _environment(record: RunRecord) -> dict[str, str]:
+    """The cluster's environment inside the job: the profile's, and TLS with the run's files."""
+    from clusterkit.security import server_tls_env
+
+    batch = record.batch or {}
+    env = {**os.environ, **batch["env"]}
+    if (state.run_dir(record.id) / TLS_DIR).is_dir():
+        env.update(server_tls_env(str(state.run_dir(record.id) / TLS_DIR)))
+    return env
+
+
+def worker(run_id: str) -> int:
+    """One task of the allocation: a Dask worker (a dask-cuda one with GPUs) that joins the
+    run's scheduler once its file exists, and ends with the job."""
+    record = get(run_id)
+    batch = record.batch or {}
+    scheduler_file = state.run_dir(run_id) / SCHEDULER_FILE
+    deadline = time.monotonic() + SCHEDULER_TIMEOUT
+    while not scheduler_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    command = [batch["python"], "-m", batch["worker_module"], *batch["worker"]]
+    os.execve(command[0], command, _environment(record))
+
+
+def _launch_workers(record: RunRecord, log: Any, env: dict[str, str]) -> list[subprocess.Popen]:
+    """One worker per task: one ``srun`` step (SLURM), one ``pbsdsh -n I`` each (PBS)."""
+    batch = record.batch or {}
+    task = [batch["python"], "-m", "clusterkit.runs.batch", record.id, "--worker"]
+    kwargs: dict[str, Any] = {"stdout": log, "stderr": log, "stdin": subprocess.DEVNULL, "env": env}
+    if batch["system"] == "slurm":
+        srun = ["srun", "--kill-on-bad-exit=0", f"--ntasks={batch['workers']}", *task]
+        return [subprocess.Popen(srun, **kwargs)]
+    return [
+        subprocess.Popen(["pbsdsh", "-n", str(index), "--", *task], **kwargs)
+        for index in range(batch["workers"])
+    ]
+
+
+def _wait_for_scheduler(process: subprocess.Popen, path: Path) -> str:
+    import json
+
+    deadline = time.monotonic() + SCHEDULER_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ClusterkitError(f"the run's scheduler exited with {process.returncode}")
+        with contextlib.suppress(OSError, ValueError):
+            return str(json.loads(path.read_text())["address"])
+        time.sleep(0.1)
+    raise ClusterkitError(f"the run's scheduler wrote no {path.name} in {SCHEDULER_TIMEOUT:g}s")
+
+
+def _wait_for_workers(address: str, count: int, tls: Path) -> None:
+    from distributed import Client
+
+    from clusterkit.security import ClusterSecurity
+
+    security = ClusterSecurity.in_directory(str(tls)).client_only().distributed()
+    with Client(address, security=security, timeout=SCHEDULER_TIMEOUT) as client:
+        client.wait_for_workers(count, timeout=SCHEDULER_TIMEOUT * 5)
+
+
+def _end_all(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + 30
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _requeue(record: RunRecord) -> bool:
+    """Put this job back in the queue; whether the batch system took it."""
+    job = job_id(record) or ""
+    system = (record.batch or {}).get("system")
+    command = ["scontrol", "requeue", job] if system == "slurm" else ["qrerun", job]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    return done.returncode == 0
+
+
+def _asked_to_requeue(folder: Path) -> bool:
+    """Whether the job's end was the walltime's warning (SIGUSR1, from ``--signal``): the job
+    requeues itself. After a SIGTERM the batch system requeues it (preemption) or not (the
+    job was cancelled: the run then shows as lost)."""
+    try:
+        return (folder / REQUEUE_NAME).read_text().strip() == "SIGUSR1"
+    except OSError:
+        return False
+
+
+def _watch_for_stop(record: RunRecord) -> None:
+    """`runs stop` on another host writes the stop request to the shared folder: turn it
+    into the SIGTERM the monitor understands."""
+    path = state.run_dir(record.id) / STOP_NAME
+    while not path.exists():
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def job(run_id: str) -> int:
+    """The job's first process: scheduler, workers, then the monitor and its driver."""
+    from clusterkit.runs.process import monitor, note
+
+    record = get(run_id)
+    if record.final:  # stopped while the batch system restarted its job
+        return 0
+    batch = record.batch or {}
+    folder = state.run_dir(run_id)
+    batch["job_id"] = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID")
+    if batch["starts"]:
+        record.restarts += 1
+        record.reasons.append(f"job {batch['job_id']} started again by {batch['system']}")
+    batch["starts"] += 1
+    (folder / REQUEUE_NAME).unlink(missing_ok=True)
+    record.batch, record.host, record.state = batch, state.HOST, "starting"
+    record.save()
+    env = _environment(record)
+    (folder / SCHEDULER_FILE).unlink(missing_ok=True)
+    with open(folder / "cluster.log", "ab") as log:
+        scheduler = subprocess.Popen(
+            [batch["python"], "-m", "distributed.cli.dask_scheduler", *batch["scheduler"]],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        processes = [scheduler]
+        try:
+            address = _wait_for_scheduler(scheduler, folder / SCHEDULER_FILE)
+            processes += _launch_workers(record, log, env)
+            _wait_for_workers(address, batch["workers"], folder / TLS_DIR)
+            note(record, f"job {batch['job_id']}: scheduler {address}, {batch['workers']} workers")
+            os.environ["CLUSTERKIT_SCHEDULER"] = address
+            if (folder / TLS_DIR).is_dir():
+                os.environ["CLUSTERKIT_SECURITY"] = str(folder / TLS_DIR)
+            threading.Thread(target=_watch_for_stop, args=(record,), daemon=True).start()
+            monitor(run_id, batch=True)
+        except ClusterkitError as error:
+            from clusterkit.runs.process import end
+
+            end(get(run_id), "failed", 1, str(error))
+        finally:
+            _end_all(processes[::-1])
+    record = get(run_id)
+    if record.state == "queued" and _asked_to_requeue(folder):
+        if _requeue(record):
+            note(record, f"job {batch['job_id']} requeued: the run resumes when it starts again")
+            return 0
+        from clusterkit.runs.process import end
+
+        end(record, "failed", 1, f"job {batch['job_id']} could not be requeued")
+    return 0 if record.state == "succeeded" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m clusterkit.runs.batch RUN_ID [--worker]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in args:
+        return worker(args[0])
+    return job(args[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
