@@ -164,3 +164,40 @@ def test_a_requeued_job_resumes_the_search_each_trial_once(project: Path) -> Non
     # what the ended job had in flight is failed as an orphan, never counted
     assert len(trials) == 30 + sum(bool(t.user_attrs.get(ATTR_ORPHANED)) for t in trials)
     assert json.loads(record.folder.joinpath("progress.json").read_text())["done"] == 30
+
+
+TRAIN = """
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def train(ctx, epochs):
+    state = ctx.load_checkpoint() or {"epoch": 0}
+    total = torch.ones(1)
+    for epoch in range(state["epoch"], int(epochs)):
+        dist.all_reduce(total)  # both ranks in one gloo group, in their own tasks
+        time.sleep(0.2)
+        if ctx.rank == 0:
+            ctx.save_checkpoint({"epoch": epoch + 1})
+    return dist.get_world_size()
+"""
+
+
+def test_a_batch_training_runs_its_ranks_in_the_jobs_tasks(project: Path) -> None:
+    (project / "fit.py").write_text(textwrap.dedent(TRAIN))
+    done = subprocess.run(
+        ["clusterkit", "train", "fit.py:train", "-p", "sl.yaml", "--batch", "--", "4"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert runs.wait(run_id, timeout=180) == 0, get(run_id).log.read_text()
+    record = get(run_id)
+    assert json.loads(record.folder.joinpath("progress.json").read_text())["epoch"] == 4
+    assert (record.folder / "checkpoints" / "checkpoint.pt").exists()
+    assert "2 workers" in record.log.read_text()
