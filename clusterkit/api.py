@@ -17,7 +17,7 @@ from clusterkit.client import connect
 from clusterkit.errors import BadInput, ClusterExists, ClusterNotFound, ClusterStartError
 from clusterkit.lifecycle import reap
 from clusterkit.monitor import scheduler_identity
-from clusterkit.profiles import check_name, load_profile
+from clusterkit.searchpath import check_name
 from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
 
@@ -30,6 +30,8 @@ DEAD = "dead: its supervisor or owner is gone (`clusterkit down NAME` removes wh
 
 def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
     """What the backend would run for this profile (job script, commands, manifest)."""
+    from clusterkit.profiles import load_profile
+
     profile = load_profile(profile_ref)
     backend = get_backend(profile.backend_name)
     check_capabilities(backend, profile)
@@ -54,6 +56,8 @@ def up(
     ClusterStartError with evidence if the workers do not arrive in time; then nothing is
     left running. ``waiting`` (e.g. a spinner) is entered while the cluster starts.
     """
+    from clusterkit.profiles import load_profile  # here: `ls`, `down`, `status` load none
+
     profile = load_profile(profile_ref)
     name = name or profile.name
     check_name(name)

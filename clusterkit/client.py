@@ -118,9 +118,9 @@ def get_client(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) 
 
 def connect(record: ClusterRecord, *, timeout: float = 30) -> Client:
     """A plain Client to a live record's scheduler (re-attaching DETACHED backends)."""
-    from clusterkit.backends.base import get_backend
+    from clusterkit.backends.base import attach
 
-    return get_backend(record.backend).attach(record, timeout=timeout)
+    return attach(record, timeout=timeout)
 
 
 def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:

@@ -12,46 +12,16 @@ from typing import Any
 from clusterkit import siteconfig
 from clusterkit.errors import ProfileError, ProfileNotFound, shorten
 from clusterkit.errors import cut as cut_text
-from clusterkit.schema import NAME_PATTERN, ProfileCommon
+from clusterkit.schema import ProfileCommon
+from clusterkit.searchpath import SUFFIXES, check_name, discover, search_path
 from clusterkit.yamlmap import Located, Path_, display, dotted, read_file
 
 #: The public name of a loaded profile: the backend's pydantic model.
 Profile = ProfileCommon
 
-BUNDLED_DIR = Path(__file__).parent / "bundled_profiles"
-SUFFIXES = (".yaml", ".yml")
 MAX_EXTENDS_DEPTH = 16
 
 _ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def search_path() -> list[Path]:
-    """Profile directories, first hit wins."""
-    dirs = [Path.cwd() / "profiles"]
-    dirs += [Path(p) for p in os.environ.get("CLUSTERKIT_PROFILES", "").split(os.pathsep) if p]
-    dirs.append(Path.home() / ".config" / "clusterkit" / "profiles")
-    dirs.append(BUNDLED_DIR)
-    return dirs
-
-
-def discover() -> dict[str, Path]:
-    """Every profile name on the search path, mapped to the file that wins."""
-    found: dict[str, Path] = {}
-    for directory in search_path():
-        if not directory.is_dir():
-            continue
-        for file in sorted(directory.iterdir()):
-            if file.suffix in SUFFIXES and file.stem not in found:
-                found[file.stem] = file
-    return found
-
-
-def check_name(name: str) -> None:
-    if not NAME_PATTERN.match(name) or ".." in name:
-        raise ProfileError(
-            f"profile name {shorten(name)} is not a plain name",
-            hint="use letters, digits, '-', '_' and '.', without path separators",
-        )
 
 
 def is_path(ref: str | os.PathLike[str]) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterkit.backends.base import BUILTIN, Backend, get_backend, profile_model
+from clusterkit.backends.base import BUILTIN, PLAIN_ATTACH, Backend, get_backend, profile_model
 
 pytestmark = pytest.mark.unit
 
@@ -116,3 +116,10 @@ def test_each_backend_is_paired_with_its_profile_model(name: str) -> None:
     assert isinstance(backend, Backend) and name == backend.NAME
     literal = typing.get_type_hints(profile_model(name))["backend"]
     assert typing.get_args(literal) == (name,)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_plain_attach_lists_the_backends_that_keep_the_default_attach(name: str) -> None:
+    """``attach`` skips importing the backends in PLAIN_ATTACH: none of them may override it."""
+    keeps_default = type(get_backend(name)).attach is Backend.attach
+    assert keeps_default == (name in PLAIN_ATTACH)

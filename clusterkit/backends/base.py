@@ -134,15 +134,7 @@ class Backend:
 
     def attach(self, record: ClusterRecord, *, timeout: float) -> Client:
         """A client to a live record's scheduler."""
-        from distributed import Client
-
-        from clusterkit.security import ClusterSecurity
-
-        security = ClusterSecurity.from_dict(record.security).client_only()
-        security.apply_env()
-        return Client(
-            record.address, security=security.distributed(), timeout=timeout, set_as_default=False
-        )
+        return attach_plain(record, timeout=timeout)
 
     def teardown(self, record: ClusterRecord) -> None:
         """Remove what carries the record's identity, no supervisor needed: ``down`` of a
@@ -216,6 +208,32 @@ def get_backend(name: str) -> Backend:
         backend = _instance(third_party[name]())
     _loaded[name] = backend
     return backend
+
+
+#: Built-in backends that keep the default ``attach``: a client reaches their clusters from
+#: the record alone, without importing the backend module (and, through it, the profile
+#: schema). tests/test_layout.py checks this set against the classes.
+PLAIN_ATTACH = frozenset(BUILTIN) - {"kubernetes"}
+
+
+def attach(record: ClusterRecord, *, timeout: float) -> Client:
+    """A client to a live record's scheduler, through its backend's ``attach``."""
+    if record.backend in PLAIN_ATTACH:
+        return attach_plain(record, timeout=timeout)
+    return get_backend(record.backend).attach(record, timeout=timeout)
+
+
+def attach_plain(record: ClusterRecord, *, timeout: float) -> Client:
+    """The default ``attach``: a plain Client with the record's client certificates."""
+    from distributed import Client
+
+    from clusterkit.security import ClusterSecurity
+
+    security = ClusterSecurity.from_dict(record.security).client_only()
+    security.apply_env()
+    return Client(
+        record.address, security=security.distributed(), timeout=timeout, set_as_default=False
+    )
 
 
 def profile_model(name: str) -> type[ProfileCommon]:

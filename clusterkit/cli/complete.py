@@ -6,7 +6,7 @@ from __future__ import annotations
 def profile_names(incomplete: str) -> list[str]:
     """Profiles found on the search path that start with what was typed."""
     try:
-        from clusterkit.profiles import discover
+        from clusterkit.searchpath import discover
 
         return sorted(name for name in discover() if name.startswith(incomplete))
     except Exception:  # completion must never print a traceback into the shell

@@ -27,7 +27,6 @@ from clusterkit.schema.common import (
     MAX_GPUS_PER_WORKER,
     MAX_THREADS,
     MAX_WORKERS,
-    NAME_PATTERN,
     AdaptSpec,
     ClusterProfile,
     ProfileCommon,
@@ -37,6 +36,7 @@ from clusterkit.schema.common import (
     UCXSpec,
     WorkerSpec,
 )
+from clusterkit.searchpath import NAME_PATTERN
 
 __all__ = [
     "MAX_GPUS_PER_WORKER",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -21,11 +20,11 @@ MAX_WORKERS = 1024
 MAX_THREADS = 256
 MAX_GPUS_PER_WORKER = 16
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a model's validator is built when it first validates, so loading a `local`
+    # profile pays for the local models, not for every backend's
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class WorkerSpec(Strict):
