@@ -82,7 +82,6 @@ def train(
     in the project directory (in place on a shared disk, else a synced copy). The status line
     shows rank 0's latest progress: its checkpoints' epoch, or what it reports.
     """
-    from clusterkit import console
     from clusterkit.runners.ddp.script import load_target
 
     loaded = load_target(target)
@@ -90,7 +89,15 @@ def train(
     project = _project(loaded, None if no_workdir else (workdir or "auto"), workdir_max_size)
     if detach or batch:
         return _detach(loaded, list(context.args), context.params)
+    _attached(loaded, model, project, list(context.args), context.params)
+    return None
 
+
+def _attached(
+    loaded: Any, model: Any, project: Any, script_args: list[str], params: dict[str, Any]
+) -> None:
+    """The training, driven from this process; rank 0's progress on the status line."""
+    from clusterkit import console
     from clusterkit.client import get_client
     from clusterkit.runners.ddp.progress import ProgressDisplay, describe
     from clusterkit.runners.ddp.script import run_file
@@ -101,13 +108,13 @@ def train(
         with ProgressDisplay(f"training {loaded.path.name} on '{on}'") as display:
             results = run_file(
                 loaded,
-                list(context.args),
+                script_args,
                 client=client,
-                world_size=world_size,
-                max_restarts=max_restarts,
-                timeout=timeout,
+                world_size=params["world_size"],
+                max_restarts=params["max_restarts"],
+                timeout=params["timeout"],
                 workdir=project,
-                checkpoint_dir=checkpoint_dir,
+                checkpoint_dir=params["checkpoint_dir"],
                 on_progress=display.update,
             )
     finally:
@@ -117,7 +124,6 @@ def train(
         console.message(f"trained {loaded.path.name}: {len(results)} ranks finished{last}")
     else:
         console.table(None, ["rank", "result"], [(r, repr(v)) for r, v in enumerate(results)])
-    return None
 
 
 def _detach(loaded: Any, script_args: list[str], params: dict[str, Any]) -> str:

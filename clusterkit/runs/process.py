@@ -13,7 +13,6 @@ checkpoint.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -113,27 +112,12 @@ def _tail(path: Path, lines: int = 3) -> str:
 def monitor(run_id: str, ready_fd: int | None = None, *, batch: bool = False) -> int:
     """Run the driver to its end, restarting it after a death by signal; record each step.
 
-    ``batch``: inside a batch job (:mod:`clusterkit.runs.batch`), where a SIGTERM (or the
+    ``batch``: inside a batch job (:mod:`clusterkit.runs.allocation`), where a SIGTERM (or the
     SIGUSR1 sent before the walltime) without a stop request is the batch system ending the
     job: the driver stops gracefully and the run waits to be requeued."""
     record = get(run_id)
     record.monitor_pid = os.getpid()  # saved with the driver's pid: one write before it runs
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    driver: list[int] = []
-
-    def forward(signum: int, frame: Any) -> None:  # `kill MONITOR`: a stop, not a death
-        folder = state.runs_dir() / run_id
-        if batch and not (folder / STOP_NAME).exists():  # which: the job requeues itself
-            state.write_private(folder / REQUEUE_NAME, signal.Signals(signum).name)
-        else:
-            (folder / STOP_NAME).touch()
-        for pid in driver:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    if batch:
-        signal.signal(signal.SIGUSR1, forward)
+    driver = _forward_signals(run_id, batch)
     if ready_fd is not None:
         os.write(ready_fd, str(os.getpid()).encode())
         os.close(ready_fd)
@@ -173,6 +157,29 @@ def monitor(run_id: str, ready_fd: int | None = None, *, batch: bool = False) ->
             why = f"driver exited with {code}" + _last_error(record)
         end(record, "failed", code, why)
         return 0
+
+
+def _forward_signals(run_id: str, batch: bool) -> list[int]:
+    """The monitor's signals: a hangup is ignored; SIGTERM (``kill MONITOR``) is a stop, not
+    a death, passed to the driver whose pid the returned list holds. In a batch job a SIGTERM
+    or SIGUSR1 without a stop request is the batch system ending the job: the run requeues."""
+    driver: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        folder = state.runs_dir() / run_id
+        if batch and not (folder / STOP_NAME).exists():  # which: the job requeues itself
+            state.write_private(folder / REQUEUE_NAME, signal.Signals(signum).name)
+        else:
+            (folder / STOP_NAME).touch()
+        for pid in driver:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, forward)
+    if batch:
+        signal.signal(signal.SIGUSR1, forward)
+    return driver
 
 
 def _await_requeue(record: RunRecord) -> None:
@@ -296,10 +303,12 @@ def driver(run_id: str) -> int:
         f"clusterkit {record.kind} {' '.join(record.argv)}",
         flush=True,
     )
+    from clusterkit.runs import reporting
+
     if record.kind == "hpo":
-        _report_hpo_progress(state.run_dir(run_id) / PROGRESS_NAME)
+        reporting.report_hpo(state.run_dir(run_id) / PROGRESS_NAME)
     elif record.kind == "train":
-        _report_train_progress(state.run_dir(run_id) / PROGRESS_NAME)
+        reporting.report_train(state.run_dir(run_id) / PROGRESS_NAME)
     from clusterkit.cli import main
 
     try:
@@ -307,94 +316,6 @@ def driver(run_id: str) -> int:
     except SystemExit as exited:
         return exited.code if isinstance(exited.code, int) else 1
     return 0
-
-
-def _report_hpo_progress(path: Path, every: float = 1.0) -> None:
-    """Have the search's progress display also write ``progress.json`` (for `runs`) and a
-    plain progress line to the log (for `runs logs -f`; rich draws no live bar in a file)."""
-    from clusterkit.runners.hpo import report
-
-    shown, closed = report.ProgressDisplay.update, report.ProgressDisplay.close
-    last: dict[str, Any] = {"at": 0.0, "line": None, "study": None}
-
-    def update(self: Any, study: Any, running: int, busy: int, total: int) -> None:
-        shown(self, study, running, busy, total)
-        last["study"], last["total"] = study, total
-        write(study, running, busy, total, final=False)
-
-    def close(self: Any) -> None:  # a stopped search: what it holds now, not a second ago
-        closed(self)
-        if last["study"] is not None:
-            write(last["study"], 0, 0, last["total"], final=True)
-
-    def write(study: Any, running: int, busy: int, total: int, final: bool) -> None:
-        counts = report._counts(study)
-        done, best = sum(counts.values()), report._best_text(study)
-        line = f"trials {done}/{total} | running {running} | best {best} | busy {busy}"
-        now = time.monotonic()
-        if line == last["line"] or (now - last["at"] < every and done < total and not final):
-            return
-        last.update(at=now, line=line)
-        data = {"done": done, "total": total, "running": running, "best": best}
-        state.write_private(path, json.dumps(data))
-        print(f"[progress] {line}", file=sys.stderr, flush=True)
-
-    report.ProgressDisplay.update = update  # type: ignore[method-assign]
-    report.ProgressDisplay.close = close  # type: ignore[method-assign]
-
-
-def _report_train_progress(path: Path, every: float = 1.0) -> None:
-    """Have the training's status line also write ``progress.json`` (``{"epoch": 3, ...}``,
-    for `runs`) and a ``[progress]`` line to the log, at most once every ``every`` seconds; a
-    report held back is written when that second is over (or at the end), never lost."""
-    import threading
-
-    from clusterkit.runners.ddp.progress import ProgressDisplay, describe
-
-    shown, closed = ProgressDisplay.update, ProgressDisplay.close
-    lock = threading.Lock()
-    last: dict[str, Any] = {"at": -every, "line": None, "held": None, "timer": None}
-
-    def update(self: Any, progress: dict[str, Any]) -> None:
-        shown(self, progress)
-        write(progress)
-
-    def close(self: Any) -> None:
-        closed(self)
-        with lock:
-            held = last["held"]
-            if last["timer"] is not None:
-                last["timer"].cancel()
-        if held is not None:
-            write(held, final=True)
-
-    def write(progress: dict[str, Any], final: bool = False) -> None:
-        line = describe(progress)
-        with lock:
-            wait = last["at"] + every - time.monotonic()
-            if line == last["line"]:
-                last["held"] = None
-                return
-            if wait > 0 and not final:  # too soon: the latest is written once the second ends
-                last["held"] = progress
-                if last["timer"] is None:
-                    timer = threading.Timer(wait, flush)
-                    timer.daemon = True
-                    timer.start()
-                    last["timer"] = timer
-                return
-            last.update(at=time.monotonic(), line=line, held=None)
-            state.write_private(path, json.dumps(progress))
-            print(f"[progress] {line}", file=sys.stderr, flush=True)
-
-    def flush() -> None:
-        with lock:
-            held, last["timer"] = last["held"], None
-        if held is not None:
-            write(held)
-
-    ProgressDisplay.update = update  # type: ignore[method-assign]
-    ProgressDisplay.close = close  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

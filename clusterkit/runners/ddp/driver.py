@@ -10,7 +10,6 @@ progress reports reach ``on_progress`` as Dask events (see ``progress``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -21,17 +20,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.runners.ddp import group
 from clusterkit.runners.ddp.placement import (
     Slot,
     interface_env,
-    live_workers,
     place,
     rank_specs,
     torch_backend,
 )
 
 if TYPE_CHECKING:
-    from distributed import Client, Future
+    from distributed import Client
 
     from clusterkit.runners.ddp.progress import Progress
     from clusterkit.runners.workdir import Project
@@ -58,14 +57,6 @@ class TrainingFailed(ClusterkitError):
         return f"{self.one_line()}\n{tail}" if tail else self.one_line()
 
 
-class _GroupFailed(Exception):
-    def __init__(self, rank: int | None, message: str, tb: str = "") -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.message = message
-        self.traceback = tb
-
-
 def prepare(client: Client) -> None:
     """Start a spare rank process (torch imported) on every worker, now and on new workers."""
     from clusterkit.runners.ddp.worker import SparePlugin
@@ -88,75 +79,6 @@ def wait_ready(client: Client, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def _watch(
-    client: Client, futures: list[Future], slots: list[Slot], deadline: float | None
-) -> list[bytes]:
-    """Wait for every rank; raise _GroupFailed at the first failure or lost worker."""
-    last_check = time.monotonic()
-    while True:
-        statuses = [f.status for f in futures]
-        if all(s == "finished" for s in statuses):
-            return client.gather(futures)
-        for rank, status in enumerate(statuses):
-            if status in ("error", "cancelled", "lost"):
-                raise _GroupFailed(rank, f"task {status}")
-        now = time.monotonic()
-        if deadline is not None and now > deadline:
-            raise _GroupFailed(None, "timed out")
-        if now - last_check > 1.0:
-            last_check = now
-            alive = set(live_workers(client))
-            for rank, slot in enumerate(slots):
-                if slot.worker not in alive and futures[rank].status != "finished":
-                    raise _GroupFailed(rank, f"worker {slot.worker} left the cluster")
-        time.sleep(0.02)
-
-
-def _first_failure(futures: list[Future], slots: list[Slot], alive: set[str]) -> _GroupFailed:
-    """The cause: a lost worker, else the earliest real error (a peer's comes later)."""
-    from clusterkit.runners.ddp.worker import RankError
-
-    for rank, slot in enumerate(slots):
-        if slot.worker not in alive:
-            return _GroupFailed(rank, f"worker {slot.worker} left the cluster")
-    errors = []
-    for index, future in enumerate(futures):
-        if future.status != "error":
-            continue
-        error = future.exception()
-        if isinstance(error, RankError):
-            if error.kind != "Aborted":
-                text = f"{error.kind}: {error.message}"
-                errors.append((error.time, error.rank, text, error.traceback))
-        else:
-            errors.append((float("inf"), index, f"{type(error).__name__}: {error}", ""))
-    if not errors:
-        return _GroupFailed(None, "a rank task ended without a result")
-    _, first, message, tb = min(errors, key=lambda e: (e[0], e[1]))
-    return _GroupFailed(first, message, tb)
-
-
-def _stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) -> set[str]:
-    """Kill every rank process of this attempt, let the tasks settle (bounded); alive workers."""
-    from distributed import wait
-
-    from clusterkit.runners.ddp.worker import abort
-
-    alive = set(live_workers(client))
-    targets = sorted({s.worker for s in slots} & alive)
-    if targets:
-        try:
-            client.run(abort, key, workers=targets, on_error="ignore")
-        except Exception as error:  # a worker dying right now must not mask the real failure
-            log.warning("abort of %s failed: %s", key, error)
-    running = [f for f, s in zip(futures, slots, strict=True) if s.worker in alive]
-    try:
-        wait(running, timeout=15)
-    except TimeoutError:
-        log.warning("ranks of %s still running 15s after abort", key)
-    return alive
-
-
 def _checkpoint(client: Client, run_id: str) -> bytes | None:
     from distributed import Event, Variable
 
@@ -165,7 +87,8 @@ def _checkpoint(client: Client, run_id: str) -> bytes | None:
     return Variable(f"{run_id}-ckpt", client=client).get()
 
 
-def _cleanup(client: Client, run_id: str, attempts: int) -> None:
+def cleanup(client: Client, run_id: str, attempts: int) -> None:
+    """Delete the run's checkpoint and its attempts' rendezvous ports on the scheduler."""
     from distributed import Event, Variable
 
     names = [f"{run_id}-ckpt"] + [f"{run_id}-a{a}-port" for a in range(attempts)]
@@ -211,19 +134,17 @@ def run(
     train_fn
         Called in each rank's process after ``init_process_group``; ``ctx`` gives ``rank``,
         ``world_size``, ``local_rank``, ``local_world_size``, ``device``,
-        ``save_checkpoint(state)``, ``load_checkpoint()`` and ``report(epoch=, **metrics)``.
-        The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-        MASTER_PORT) are set too.
+        ``save_checkpoint(state)``, ``load_checkpoint()`` and ``report(epoch=, **metrics)``;
+        torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) are set too.
     client
         Any ``distributed.Client``; default ``clusterkit.get_client()``.
     world_size
         Number of ranks; default one per worker (one per GPU on GPU workers).
     backend
         ``"auto"`` (``nccl`` when every rank has a GPU, else ``gloo``), or a torch backend.
-    max_restarts
-        Times a failed group is restarted, resuming from the last checkpoint.
-    timeout
-        Seconds for the whole run (all attempts); None waits as long as training runs.
+    max_restarts, timeout
+        Times a failed group is restarted, resuming from the last checkpoint; seconds for
+        the whole run (all attempts), None: as long as training runs.
     workdir
         The project directory ranks run in (working directory, first on ``sys.path``): in
         place where a worker sees it at the same path, else a synced copy. ``"auto"``: the
@@ -248,15 +169,9 @@ def run(
     """
     from clusterkit.runners import workdir as project_dir
 
-    options = RunOptions(
-        world_size,
-        backend,
-        max_restarts,
-        timeout,
-        project=project_dir.resolve(workdir, train_fn),
-        checkpoint_dir=checkpoint_dir,
-        on_progress=on_progress,
-    )
+    project = project_dir.resolve(workdir, train_fn)
+    options = RunOptions(world_size, backend, max_restarts, timeout, project=project)
+    options = dataclasses.replace(options, checkpoint_dir=checkpoint_dir, on_progress=on_progress)
     return run_group(train_fn, args, kwargs, client, options)
 
 
@@ -286,35 +201,20 @@ def run_group(
         from clusterkit.runners.workdir import ship
 
         ship(client, options.project)
+    from clusterkit.runners.ddp.progress import subscribed
     from clusterkit.runners.workdir.once import Collector
 
     payload = cloudpickle.dumps((train_fn, args, kwargs))
     run_id = f"clusterkit-ddp-{uuid.uuid4().hex[:12]}"
     attempts = [0]
     raised = Collector(client, f"{run_id}-warnings")
-    if options.on_progress is not None:
-        _subscribe(client, f"{run_id}-progress", options.on_progress)
     try:
-        results = _attempts(client, run_id, payload, options, attempts)
+        with subscribed(client, f"{run_id}-progress", options.on_progress):
+            results = _attempts(client, run_id, payload, options, attempts)
     finally:
-        if options.on_progress is not None:
-            with contextlib.suppress(Exception):  # a closed client must not hide the outcome
-                client.unsubscribe_topic(f"{run_id}-progress")
-        _cleanup(client, run_id, attempts[0] + 1)
+        cleanup(client, run_id, attempts[0] + 1)
         raised.summary("ranks")
     return [cloudpickle.loads(r) for r in results]
-
-
-def _subscribe(client: Client, topic: str, on_progress: Callable[[Progress], None]) -> None:
-    """Pass each progress event on ``topic`` to ``on_progress``; its errors are logged only."""
-
-    def handle(event: tuple[float, dict[str, Progress]]) -> None:
-        try:
-            on_progress(dict(event[1]["progress"]))
-        except Exception:  # a broken display must not stop the training
-            log.warning("progress callback failed", exc_info=True)
-
-    client.subscribe_topic(topic, handle)
 
 
 def _attempts(
@@ -336,7 +236,7 @@ def _attempts(
         launch = _Launch(client, run_id, attempt, slots, payload, checkpoint, options, deadline)
         try:
             return _attempt(launch)
-        except _GroupFailed as failure:
+        except group.GroupFailed as failure:
             timed_out = deadline is not None and time.monotonic() > deadline
             if attempt >= options.max_restarts or timed_out:
                 raise TrainingFailed(
@@ -375,7 +275,7 @@ def _attempt(launch: _Launch) -> list[bytes]:
     gate = Semaphore(1, "clusterkit-ddp-gpu", scheduler_rpc=client.scheduler, loop=client.loop)
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     if not gate.acquire(timeout=left):
-        raise _GroupFailed(None, "timed out waiting for another GPU training run to finish")
+        raise group.GroupFailed(None, "timed out waiting for another GPU training run to finish")
     try:
         return _launch(launch)
     finally:
@@ -416,14 +316,14 @@ def _launch(launch: _Launch) -> list[bytes]:
             )
         )
     try:
-        return _watch(client, futures, slots, launch.deadline)
-    except _GroupFailed as failure:
-        alive = _stop(client, specs[0]["key"], futures, slots)
+        return group.watch(client, futures, slots, launch.deadline)
+    except group.GroupFailed as failure:
+        alive = group.stop(client, specs[0]["key"], futures, slots)
         if failure.message == "timed out":
             raise
-        raise _first_failure(futures, slots, alive) from None
+        raise group.first_failure(futures, slots, alive) from None
     except BaseException:
-        _stop(client, specs[0]["key"], futures, slots)
+        group.stop(client, specs[0]["key"], futures, slots)
         raise
     finally:
         client.cancel(futures, force=True)

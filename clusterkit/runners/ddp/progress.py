@@ -11,8 +11,9 @@ the status line of ``clusterkit train``, a detached run's ``progress.json``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 #: One report: ``epoch``, ``step`` (numbers), ``checkpoints`` (a count) and scalar metrics.
@@ -122,3 +123,27 @@ class ProgressDisplay:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def subscribed(
+    client: Any, topic: str, on_progress: Callable[[Progress], None] | None
+) -> Iterator[None]:
+    """While inside, each progress event on ``topic`` goes to ``on_progress`` (its errors are
+    logged only: a broken display must not stop the training); nothing when it is None."""
+    if on_progress is None:
+        yield
+        return
+
+    def handle(event: tuple[float, dict[str, Progress]]) -> None:
+        try:
+            on_progress(dict(event[1]["progress"]))
+        except Exception:
+            logging.getLogger(__name__).warning("progress callback failed", exc_info=True)
+
+    client.subscribe_topic(topic, handle)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # a closed client must not hide the outcome
+            client.unsubscribe_topic(topic)
