@@ -76,6 +76,9 @@ def hpo(
     study_name: str = typer.Option(None, "--study-name", help="Default: FILE-FUNC."),
     direction: str = typer.Option("minimize", "--direction", help="minimize or maximize."),
     gpus_per_trial: float = typer.Option(0, "--gpus-per-trial", help="GPU units per trial."),
+    ranks_per_trial: int = typer.Option(
+        1, "--ranks-per-trial", help="DDP ranks per trial (torchrun env), slots reserved together."
+    ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
     out: str = typer.Option(None, "--out", help="Results folder; default ./STUDY-results."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress."),
@@ -97,6 +100,10 @@ def hpo(
     With --detach the search runs in the background (`clusterkit runs` lists it); with
     --batch scheduler, driver and workers run inside one job of the profile's batch system."""
     _check_numbers(trials, direction, gpus_per_trial, timeout, max_restarts)
+    if ranks_per_trial < 1:
+        from clusterkit.errors import BadInput
+
+        raise BadInput(f"--ranks-per-trial must be at least 1, got {ranks_per_trial}")
 
     from clusterkit.runners.hpo import inputs as hpo_inputs
 
@@ -139,6 +146,7 @@ def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[
             progress=params["progress"],
             out=folder,
             workdir=project,
+            ranks_per_trial=params["ranks_per_trial"],
         )
     finally:
         client.close()
@@ -169,6 +177,8 @@ def _detach(name: str, params: dict[str, Any]) -> str:
         argv += ["--gpus-per-trial", str(params["gpus_per_trial"])]
     if params["timeout"] is not None:
         argv += ["--timeout", str(params["timeout"])]
+    if params["ranks_per_trial"] != 1:
+        argv += ["--ranks-per-trial", str(params["ranks_per_trial"])]
     if params["no_workdir"]:
         argv.append("--no-workdir")
     elif params["workdir"] is not None:

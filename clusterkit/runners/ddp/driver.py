@@ -283,8 +283,6 @@ def _attempt(launch: _Launch) -> list[bytes]:
 
 
 def _launch(launch: _Launch) -> list[bytes]:
-    from clusterkit.runners.ddp.worker import rank_task
-
     client, slots, options = launch.client, launch.slots, launch.options
     interfaces = interface_env(client, slots)
     specs = rank_specs(
@@ -301,20 +299,7 @@ def _launch(launch: _Launch) -> list[bytes]:
         warnings_topic=f"{launch.run_id}-warnings",
         progress_topic=f"{launch.run_id}-progress" if options.on_progress else None,
     )
-    futures = []
-    for spec, slot in zip(specs, slots, strict=True):
-        spec["default_env"] = interfaces.get(slot.worker, {})
-        futures.append(
-            client.submit(
-                rank_task,
-                spec,
-                key=f"{spec['key']}-rank{spec['rank']}",
-                workers=[slot.worker],
-                allow_other_workers=False,
-                pure=False,
-                resources={"GPU": 1} if slot.gpu else None,
-            )
-        )
+    futures = group.submit_ranks(client, specs, slots, interfaces)
     try:
         return group.watch(client, futures, slots, launch.deadline)
     except group.GroupFailed as failure:

@@ -93,3 +93,27 @@ def stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) -> 
     except TimeoutError:
         log.warning("ranks of %s still running 15s after abort", key)
     return alive
+
+
+def submit_ranks(
+    client: Client, specs: list[dict], slots: list[Slot], interfaces: dict[str, dict]
+) -> list[Future]:
+    """One pinned task per rank (``rank_task`` on its slot's worker, a GPU resource for a GPU
+    slot), with the worker's interface environment."""
+    from clusterkit.runners.ddp.worker import rank_task
+
+    futures = []
+    for spec, slot in zip(specs, slots, strict=True):
+        spec["default_env"] = interfaces.get(slot.worker, {})
+        futures.append(
+            client.submit(
+                rank_task,
+                spec,
+                key=f"{spec['key']}-rank{spec['rank']}",
+                workers=[slot.worker],
+                allow_other_workers=False,
+                pure=False,
+                resources={"GPU": 1} if slot.gpu else None,
+            )
+        )
+    return futures

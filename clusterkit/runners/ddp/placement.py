@@ -39,11 +39,15 @@ def live_workers(client: Client) -> dict[str, Any]:
 
 
 def rank_slots(client: Client) -> list[Slot]:
+    return slots_of(live_workers(client))
+
+
+def slots_of(workers: dict[str, Any]) -> list[Slot]:
+    """Rank slots of the workers in scheduler info (``identity()["workers"]``), by host."""
     from distributed.comm import get_address_host
 
     from clusterkit.capacity import ranks_per_worker
 
-    workers = live_workers(client)
     slots: list[Slot] = []
     for address in sorted(workers, key=lambda a: (get_address_host(a), a)):
         info = workers[address]

@@ -129,6 +129,18 @@ class Context:
         with self._send_lock:
             self._conn.send(("progress", data))
 
+    def relay(self, topic: str, event: dict[str, Any], reply: str | None = None) -> Any:
+        """Send ``event`` to the driver's event ``topic`` through the worker; with ``reply``,
+        wait for the driver's answer on that scheduler Queue (the search runner's gangs)."""
+        with self._send_lock:
+            self._conn.send(("relay", topic, event, reply))
+            if reply is None:
+                return None
+            kind, value = self._conn.recv()
+        if kind != "reply":
+            raise RuntimeError(f"relay: unexpected answer {kind!r}")
+        return value
+
     def load_checkpoint(self, map_location: Any = None) -> Any:
         """The last state rank 0 saved: in ``checkpoint_dir`` (this run or an earlier one),
         else in an earlier attempt of this run; None when there is none."""

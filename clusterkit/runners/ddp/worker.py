@@ -217,7 +217,35 @@ class _ProgressRelay:
         self.pending, self.sent_at = None, time.monotonic()
 
 
+def _relay(key: str, rank: int, queues: dict[str, Any], message: list[Any]) -> Any:
+    """A rank's event to the driver's topic and, if it asks one, the driver's answer (polled:
+    an aborted attempt stops waiting)."""
+    from distributed import Queue, get_worker
+
+    topic, event, reply = message
+    if reply is not None and reply not in queues:  # before the question: no answer is lost
+        queues[reply] = Queue(reply)
+    get_worker().log_event(topic, event)
+    while reply is not None:
+        if key in _aborted:
+            raise RankError(rank, "Aborted", "stopped because another rank failed", "", time.time())
+        try:
+            return queues[reply].get(timeout=5.0)
+        except TimeoutError:
+            continue
+    return None
+
+
 def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
+    queues: dict[str, Any] = {}
+    try:
+        return _serve_rank(spec, child, queues)
+    finally:
+        for queue in queues.values():
+            queue.close()
+
+
+def _serve_rank(spec: dict[str, Any], child: RankProcess, queues: dict[str, Any]) -> Any:
     key, rank = spec["key"], spec["rank"]
     proc, conn = child.proc, child.conn
     ready = child.ready
@@ -258,6 +286,10 @@ def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
             from clusterkit.runners.workdir.once import send
 
             send(spec["warnings_topic"], rest[0])
+        elif kind == "relay":
+            answer = _relay(key, rank, queues, rest)
+            if rest[2] is not None:
+                conn.send(("reply", answer))
         elif kind == "result":
             relay.flush()
             return rest[0]

@@ -1,7 +1,8 @@
 """Asynchronous Optuna search over any Dask client: ``hpo.run(objective, n_trials=...)``.
 
 Modules: ``driver`` (the loop on the caller's side), ``worker`` (what runs in a trial's task),
-``inputs`` (objective and storage references), ``report`` (tables and plots). Public names are
+``inputs`` (objective and storage references), ``report`` (tables and plots), ``gang_loop``,
+``gangs`` and ``gang_rank`` (multi-rank trials: ``ranks_per_trial``). Public names are
 loaded lazily so that workers importing ``worker`` do not import the driver.
 """
 

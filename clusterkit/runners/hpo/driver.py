@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.runners.hpo import inputs, report
+from clusterkit.runners.hpo import gangs, inputs, report
 from clusterkit.runners.hpo.dispatch import check_resources, slots
+from clusterkit.runners.hpo.gangs import GangOptions, RanksPerTrial
 from clusterkit.runners.hpo.loop import SearchLoop
 from clusterkit.runners.hpo.records import best_summary as best_summary
 
@@ -51,6 +52,8 @@ def run(
     progress: bool = True,
     out: str | None = None,
     workdir: Any = "auto",
+    ranks_per_trial: RanksPerTrial = 1,
+    placement: str = "pack",
 ) -> optuna.Study:
     """Run an Optuna search with every worker slot busy until ``n_trials`` trials finished.
 
@@ -64,35 +67,49 @@ def run(
     study, storage, study_name, direction, sampler, pruner
         A study, or what to create/load it from; storage: an Optuna storage, database URL or
         journal file path (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
-    resources, max_retries
+    resources, max_retries, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
-        whose worker died. ``catch``: exceptions that fail only their trial (others re-raise).
+        whose worker died; exceptions that fail only their trial (others re-raise).
     timeout, progress, out
-        Seconds after which no trial starts; show live progress and the best trials; a folder
-        for ``trials.csv`` and the plots.
+        Seconds after which no trial starts; live progress; a folder for trials.csv, plots.
     workdir
         The project directory trials run in (cwd, first on ``sys.path``): in place where a
         worker sees the same path, else a synced copy. ``"auto"``: the current directory when
         the objective's module lives under it; None: off.
+    ranks_per_trial, placement
+        Ranks per trial (an int, or a function of the parameters sampled so far): above 1 a
+        trial is a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread".
     """
     inputs.check_counts(n_trials, max_retries)
     if study is None:
         study = inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
-    if client is None:
-        client = _default_client()
-    from clusterkit.runners.workdir import in_project
-
-    objective = in_project(client, objective, workdir)
+    client = client if client is not None else _default_client()
+    objective, gang = _in_place(client, objective, workdir, ranks_per_trial, placement)
     check_resources(client, resources)
     if slots(client, resources) == 0:
         client.wait_for_workers(1)
     inputs.recover_orphans(study)
-    search = drive(
-        study, client, objective, n_trials, resources, max_retries, tuple(catch), timeout, progress
-    )
+    settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
+    search = drive(study, client, objective, *settings)
     LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)
     report.finish(study, out, progress)
     return study
+
+
+def _in_place(
+    client: Client, objective: Any, workdir: Any, ranks: RanksPerTrial, placement: str
+) -> tuple[Any, GangOptions | None]:
+    """The objective made to run in the project; with gangs, the project shipped for their
+    ranks to enter, as the training runner's do (the objective itself is sent as it is)."""
+    from clusterkit.runners.workdir import in_project, resolve, ship
+
+    gang = gangs.options(ranks, placement)
+    if gang is None:
+        return in_project(client, objective, workdir), None
+    gang.project = resolve(workdir, objective)
+    if gang.project is not None:
+        ship(client, gang.project)
+    return objective, gang
 
 
 def _default_client() -> Client:
@@ -111,6 +128,7 @@ def drive(
     catch: tuple[type[BaseException], ...],
     timeout: float | None,
     progress: bool,
+    gang: GangOptions | None = None,
 ) -> SearchLoop:
     """Run the loop to its end with the progress display, if asked for, open around it."""
     import cloudpickle
@@ -119,9 +137,13 @@ def drive(
 
     display = ProgressDisplay(n_trials) if progress else None
     blob = cloudpickle.dumps(objective)
-    search = SearchLoop(
-        study, client, blob, n_trials, resources, max_retries, catch, timeout, display
-    )
+    args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
+    if gang is None:
+        search = SearchLoop(*args)
+    else:
+        from clusterkit.runners.hpo.gang_loop import GangLoop
+
+        search = GangLoop(*args, gang=gang)
     try:
         search.loop()
     finally:

@@ -128,7 +128,10 @@ class SearchLoop:
             info = await scheduler.identity(n_workers=-1)
         except OSError:  # the scheduler is briefly unreachable: keep the last count
             return
-        workers = info["workers"]
+        self._workers_seen(info["workers"])
+
+    def _workers_seen(self, workers: dict[str, Any]) -> None:
+        """The scheduler's workers, as last asked (on the client's event loop)."""
         self._slots_value = max(1, count_slots(workers.values(), self.resources))
         self.log.resize(self._slots_value)
         self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})

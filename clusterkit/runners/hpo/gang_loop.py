@@ -1,0 +1,376 @@
+"""The dispatch loop for multi-rank trials (``ranks_per_trial``): gangs of DDP ranks.
+
+Each trial's objective runs in k rank processes on k slots reserved together (:mod:`.gangs`),
+launched as the training runner launches a group (:mod:`clusterkit.runners.ddp`): torchrun's
+environment, a fresh rendezvous port per launch, a torch process group left initialised is
+destroyed when the rank process ends. The driver holds the trial: it samples each parameter
+when a rank first asks for it (every rank gets the same value) and decides pruning on rank 0's
+values. A rank that raises or loses its worker ends every rank of its trial; the trial is then
+retried whole, first in line, up to ``max_retries`` times, else failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.errors import BadInput
+from clusterkit.runners.ddp import placement as ddp_placement
+from clusterkit.runners.hpo import gangs, inputs, records
+from clusterkit.runners.hpo.dispatch import Attempt
+from clusterkit.runners.hpo.gangs import GangOptions
+from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
+from clusterkit.runners.hpo.storage import flush as flush_storage
+
+if TYPE_CHECKING:
+    import optuna
+    from distributed import Future
+
+    from clusterkit.runners.ddp.placement import Slot
+
+logger = logging.getLogger(__name__)
+
+#: user_attrs key: the workers a trial's gang held, in rank order.
+ATTR_GANG = "ck_gang"
+#: Seconds the ranks of a launch wait for rank 0's rendezvous port before the launch fails.
+RENDEZVOUS_TIMEOUT = 60.0
+
+
+@dataclass
+class GangAttempt(Attempt):
+    """A gang trial: waiting in line, or launched (``key``, ``slots``, ``futures``)."""
+
+    future: Any = None
+    size: int = 1
+    trial: Any = None  # the driver's optuna.Trial: it samples for every rank
+    key: str = ""
+    slots: list[Slot] = field(default_factory=list)
+    futures: list[Future] = field(default_factory=list)
+    launched_at: float = 0.0
+    failed: bool = False
+    decisions: dict[int, bool] = field(default_factory=dict)  # step -> rank 0's verdict
+    asking: dict[int, list[str]] = field(default_factory=dict)  # step -> replies owed
+
+
+class GangLoop(SearchLoop):
+    """:class:`SearchLoop` with every trial run as a gang of ranks."""
+
+    def __init__(self, *args: Any, gang: GangOptions) -> None:
+        super().__init__(*args)
+        from clusterkit.runners.ddp.driver import prepare
+        from clusterkit.runners.workdir.once import Collector
+
+        self.options = gang
+        self.line: list[int] = []  # trial numbers waiting, in order
+        self.layout: list[Slot] = []
+        self.live: set[str] = set()
+        self.durations: dict[int, list[float]] = {}  # seconds of finished gangs, by size
+        self.space: dict[str, Any] = {}  # distributions seen: sampled before a callable sizes
+        self.interfaces: dict[str, dict[str, str]] = {}
+        for frozen in self.study.get_trials(deepcopy=False):
+            self.space.update(frozen.distributions)
+        prepare(self.client)  # spare rank processes: a launch takes well under a second
+        self.warnings = Collector(self.client, f"{self.topic}-warnings")
+        self._set_layout(ddp_placement.live_workers(self.client))
+
+    def loop(self) -> None:
+        try:
+            super().loop()
+        finally:
+            self.warnings.summary("ranks")
+
+    # ------------------------------------------------------------------ slots
+
+    def _set_layout(self, workers: dict[str, Any]) -> None:
+        slots = ddp_placement.slots_of(workers)
+        if self.resources and "GPU" in self.resources:
+            slots = [s for s in slots if s.gpu]
+        self.layout, self.live = slots, {s.worker for s in slots}
+        self._slots_value = max(1, len(slots))
+
+    def _workers_seen(self, workers: dict[str, Any]) -> None:
+        if set(workers) != self.live:  # the layout changes on the loop's own thread
+            self.inbox.put(("event", {"kind": "slots", "workers": workers}))
+
+    def _recheck(self) -> None:
+        super()._recheck()
+        self._refresh_slots()  # a worker lost mid-trial is seen even when nothing else happens
+
+    def _running(self) -> list[GangAttempt]:
+        return [a for a in self._gangs() if a.futures]
+
+    def _gangs(self) -> list[GangAttempt]:
+        return [a for a in self.inflight.values() if isinstance(a, GangAttempt)]
+
+    def _estimate(self, size: int) -> float | None:
+        seen = sorted(self.durations.get(size, ()))
+        return seen[len(seen) // 2] if seen else None
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _fill(self) -> None:
+        lookahead = 1 if isinstance(self.options.ranks, int) else max(1, len(self.layout))
+        while (
+            len(self.line) < lookahead
+            and self.done + len(self.inflight) < self.n_trials
+            and not self._past_deadline()
+        ):
+            self._enqueue(self._ask())
+        self._start_ready()
+        self._refresh_slots()
+
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _enqueue(self, trial: optuna.Trial) -> None:
+        size = self.options.ranks
+        if not isinstance(size, int):
+            for name, distribution in self.space.items():
+                trial._suggest(name, distribution)  # the search space seen so far
+            frozen = self.storage.get_trial(trial._trial_id)
+            fixed = frozen.system_attrs.get("fixed_params", {})  # an enqueued trial's
+            size = size({**fixed, **trial.params})
+        if not isinstance(size, int) or size < 1:
+            raise BadInput(f"ranks_per_trial must give an int of at least 1, got {size!r}")
+        self.inflight[trial.number] = GangAttempt(
+            trial.number, trial._trial_id, size=size, trial=trial
+        )
+        self.line.append(trial.number)
+
+    def _start_ready(self) -> None:
+        if self._past_deadline():
+            self._drop_line()
+            return
+        while self.line and self._gang(self.line[0]).size > len(self.layout):
+            attempt = self._gang(self.line.pop(0))
+            why = f"it needs {attempt.size} rank slots, the cluster has {len(self.layout)}"
+            self._tell(attempt, "FAIL", error=why)
+        held = {slot for gang in self._running() for slot in gang.slots}
+        free = [s for s in self.layout if s not in held]
+        now = time.monotonic()
+        running = []
+        for gang in self._running():
+            seconds = self._estimate(gang.size)
+            end = None if seconds is None else max(now, gang.launched_at + seconds)
+            running.append(gangs.Running(gang.size, end))
+        waiting = [gangs.Waiting(n, self._gang(n).size) for n in self.line]
+        chosen = gangs.plan(waiting, free, running, self._estimate, now, self.options.placement)
+        for number, slots in chosen:
+            self.line.remove(number)
+            self._launch(self._gang(number), slots)
+
+    def _gang(self, number: int) -> GangAttempt:
+        attempt = self.inflight[number]
+        assert isinstance(attempt, GangAttempt)
+        return attempt
+
+    def _drop_line(self) -> None:
+        """Past the timeout: trials still waiting never started; they are not counted."""
+        from optuna.trial import TrialState
+
+        for number in self.line:
+            attempt = self.inflight.pop(number)
+            self.storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ORPHANED, True)
+            self.storage.set_trial_state_values(attempt.trial_id, TrialState.FAIL)
+        self.line.clear()
+
+    def _launch(self, attempt: GangAttempt, slots: list[Slot]) -> None:
+        import cloudpickle
+        from optuna.distributions import distribution_to_json
+
+        from clusterkit.runners.ddp.group import submit_ranks
+        from clusterkit.runners.ddp.placement import interface_env, torch_backend
+        from clusterkit.runners.hpo.gang_rank import run_rank
+
+        attempt.starts += 1
+        frozen = self.storage.get_trial(attempt.trial_id)
+        info = {
+            "topic": self.topic,
+            "number": attempt.number,
+            "trial_id": attempt.trial_id,
+            "attempt": attempt.starts,
+            "study_name": self.study.study_name,
+            "directions": self.directions,
+            "params": dict(frozen.params),
+            "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
+        }
+        unknown = [s for s in slots if s.worker not in self.interfaces]
+        if unknown:
+            self.interfaces.update(interface_env(self.client, unknown))
+        payload = cloudpickle.dumps((run_rank, (self.blob, info), {}))
+        specs = ddp_placement.rank_specs(
+            f"{self.topic}-t{attempt.number}",
+            attempt.starts,
+            slots,
+            torch_backend("auto", slots),
+            payload,
+            checkpoint=None,
+            init_group=False,  # the objective initialises its group, as under torchrun
+            rendezvous_timeout=RENDEZVOUS_TIMEOUT,
+            project=self.options.project,
+            checkpoint_dir=None,
+            warnings_topic=self.warnings.topic,
+            progress_topic=None,
+        )
+        attempt.key, attempt.slots, attempt.futures = specs[0]["key"], slots, []
+        attempt.launched_at, attempt.failed = time.monotonic(), False
+        attempt.workers = [s.worker for s in slots]
+        attempt.futures = submit_ranks(self.client, specs, slots, self.interfaces)
+        for future in attempt.futures:
+            self.futures[future.key] = (attempt.number, future)
+            future.add_done_callback(lambda f: self.inbox.put(("done", f.key)))
+
+    # ------------------------------------------------------------------ ends
+
+    def _finished(self, key: Any) -> None:
+        number, future = self.futures.pop(key, (-1, None))
+        attempt = self.inflight.get(number)
+        if future is None or not isinstance(attempt, GangAttempt):
+            return
+        if all(f.key != key for f in attempt.futures):
+            return  # a rank of an earlier launch
+        if future.status != "finished":
+            self._fail_gang(attempt)
+        if all(f.done() for f in attempt.futures):  # slots are freed when every rank ended
+            self._ended(attempt)
+
+    def _fail_gang(self, attempt: GangAttempt) -> None:
+        """End every rank of the launch: kill the rank processes, drop ranks on lost workers."""
+        if attempt.failed:
+            return
+        attempt.failed = True
+        from clusterkit.runners.ddp.worker import abort
+
+        targets = sorted({s.worker for s in attempt.slots} & self.live)
+        try:
+            self.client.run(abort, attempt.key, workers=targets, on_error="ignore")
+        except Exception as error:  # a worker dying now must not stop the search
+            logger.debug("abort of %s failed: %s", attempt.key, error)
+        lost = [
+            f
+            for f, s in zip(attempt.futures, attempt.slots, strict=True)
+            if s.worker not in self.live
+        ]
+        if lost:
+            self.client.cancel(lost, force=True)
+
+    def _ended(self, attempt: GangAttempt) -> None:
+        from clusterkit.runners.ddp.driver import cleanup
+        from clusterkit.runners.ddp.group import first_failure
+
+        futures, slots = attempt.futures, attempt.slots
+        attempt.futures, attempt.slots = [], []
+        cleanup(self.client, f"{self.topic}-t{attempt.number}", attempt.starts + 1)
+        self.storage.set_trial_user_attr(attempt.trial_id, ATTR_GANG, [s.worker for s in slots])
+        if all(f.status == "finished" for f in futures):
+            import cloudpickle
+
+            record = cloudpickle.loads(futures[0].result())
+            record["worker"] = slots[0].worker
+            self.durations.setdefault(attempt.size, []).append(
+                time.monotonic() - attempt.launched_at
+            )
+            self._complete(attempt, record)
+            self.space.update(self.storage.get_trial(attempt.trial_id).distributions)
+            return
+        cause = first_failure(futures, slots, self.live)
+        where = f"rank {cause.rank}: " if cause.rank is not None else ""
+        why = f"{where}{cause.message}"
+        if attempt.starts > self.max_retries:
+            self._tell(
+                attempt, "FAIL", error=f"trial failed after {attempt.starts} attempts: {why}"
+            )
+            return
+        logger.info(
+            "trial %s: %s; retrying it whole (retry %s)", attempt.number, why, attempt.starts
+        )
+        attempt.decisions.clear()
+        attempt.asking.clear()
+        self.line.insert(0, attempt.number)
+
+    def _abandon(self) -> None:
+        """On an early exit, end every gang and leave its trial for the next run to resume."""
+        for attempt in self._running():
+            self._fail_gang(attempt)
+            self.client.cancel(attempt.futures, force=True)
+        self.line.clear()
+        if self.inflight:
+            self.inflight.clear()
+            inputs.recover_orphans(self.study)
+
+    # ------------------------------------------------------------------ events from ranks
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        if kind == "slots":
+            self._set_layout(msg["workers"])
+            for attempt in self._running():
+                if any(s.worker not in self.live for s in attempt.slots):
+                    self._fail_gang(attempt)
+            self._fill()
+            return
+        gang = self.inflight.get(msg.get("number", -1))
+        if not isinstance(gang, GangAttempt) or msg.get("attempt") != gang.starts:
+            return  # a message of an earlier launch
+        try:
+            if kind == "suggest":
+                self._answer(msg["reply"], self._suggest(gang, msg))
+            elif kind == "prune":
+                self._prune(gang, msg)
+            else:
+                records.apply_write(self.storage, gang.trial_id, msg)
+        except Exception as error:  # a message racing the trial's end must not stop the search
+            logger.debug("ignored %s message for trial %s: %s", kind, gang.number, error)
+
+    def _answer(self, reply: str, value: Any) -> None:
+        scheduler: Any = self.client.scheduler
+        self.client.sync(scheduler.queue_put, name=reply, data=value)
+
+    def _suggest(self, attempt: GangAttempt, msg: dict[str, Any]) -> dict[str, Any]:
+        """The trial's value for the parameter: sampled now on the first ask, then the same."""
+        from optuna.distributions import json_to_distribution
+
+        try:
+            value = attempt.trial._suggest(msg["name"], json_to_distribution(msg["dist"]))
+        except Exception as error:  # e.g. a distribution unlike the one sampled before
+            return {"error": f"{type(error).__name__}: {error}"}
+        return {"value": value}
+
+    def _prune(self, attempt: GangAttempt, msg: dict[str, Any]) -> None:
+        """Rank 0's question is decided; the others get the same answer for the same step."""
+        step = int(msg["step"])
+        if msg["rank"] != 0:
+            if step in attempt.decisions:
+                self._answer(msg["reply"], attempt.decisions[step])
+            else:
+                attempt.asking.setdefault(step, []).append(msg["reply"])
+            return
+        records.add_intermediate(self.storage, attempt.trial_id, msg["intermediate"])
+        frozen = self.storage.get_trial(attempt.trial_id)
+        decision = bool(self.study.pruner.prune(self.study, frozen))
+        flush_storage(self.storage)
+        attempt.decisions[step] = decision
+        for reply in [msg["reply"], *attempt.asking.pop(step, [])]:
+            self._answer(reply, decision)
+
+    # ------------------------------------------------------------------ display, watchdog
+
+    def _show(self) -> None:
+        if self.display is not None:
+            running = self._running()
+            busy = sum(len(a.slots) for a in running)
+            self.display.update(self.study, len(running), busy, self.n_trials)
+
+    def _watchdog(self) -> None:
+        quiet = time.monotonic() - self._heard_at
+        if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
+            return
+        self._stall_logged = True
+        logger.warning(
+            "no trial finished or reported for %.0fs; %d gangs running, %d trials waiting",
+            quiet,
+            len(self._running()),
+            len(self.line),
+        )

@@ -1,0 +1,137 @@
+"""Rank side of a gang trial: the objective in one rank process, its trial answered by the driver.
+
+Runs inside a DDP rank process (:mod:`clusterkit.runners.ddp.rank`), with torchrun's environment
+set. The objective gets an ``optuna.Trial`` whose ``suggest_*`` ask the driver, which samples each
+parameter once and gives every rank the same value. Rank 0's reports, user attributes and result
+are the trial's; ``should_prune`` asks the driver on every rank, which decides on rank 0's values
+and gives each rank the same answer for the same step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import cloudpickle
+import optuna
+from optuna.distributions import BaseDistribution, distribution_to_json, json_to_distribution
+from optuna.pruners import BasePruner
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from clusterkit.runners.hpo.mirror import StudyMirror, TrialView
+
+
+class DriverLink:
+    """One rank's messages to the driver: events on the search's topic, answers by Queue."""
+
+    def __init__(self, ctx: Any, info: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.rank: int = ctx.rank
+        self.topic: str = info["topic"]
+        self.head = {"number": info["number"], "attempt": info["attempt"], "rank": self.rank}
+        self.reply = f"{self.topic}-g{info['number']}-{info['attempt']}-r{self.rank}"
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self.ctx.relay(self.topic, {"kind": kind, **self.head, **fields})
+
+    def ask(self, kind: str, **fields: Any) -> Any:
+        event = {"kind": kind, **self.head, "reply": self.reply, **fields}
+        return self.ctx.relay(self.topic, event, reply=self.reply)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        """A write to the trial: rank 0's values and attributes; parameters are the driver's."""
+        if self.rank == 0 and kind != "param":
+            self.send(kind, **fields)
+
+
+class DriverSampler(BaseSampler):
+    """Each parameter is the driver's sample, the same on every rank."""
+
+    def __init__(self, link: DriverLink) -> None:
+        self.link = link
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(
+        self, study: Any, trial: Any, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        dist = distribution_to_json(param_distribution)
+        answer = self.link.ask("suggest", name=param_name, dist=dist)
+        if "error" in answer:
+            raise ValueError(f"suggesting {param_name!r}: {answer['error']}")
+        return answer["value"]
+
+
+class RankPruner(BasePruner):
+    """Asks the driver, which decides on rank 0's intermediate values; every rank is told the
+    same for the same step."""
+
+    def __init__(self, link: DriverLink) -> None:
+        self.link = link
+
+    def prune(self, study: Any, trial: FrozenTrial) -> bool:
+        step = trial.last_step
+        values = None
+        if self.link.rank == 0:
+            values = [[int(k), float(v)] for k, v in trial.intermediate_values.items()]
+        answer = self.link.ask("prune", step=-1 if step is None else step, intermediate=values)
+        return bool(answer)
+
+
+def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
+    """A trial with the parameters the driver sampled before launch, the rest asked for."""
+    import datetime
+
+    distributions = {k: json_to_distribution(v) for k, v in info["distributions"].items()}
+    own = FrozenTrial(
+        number=info["number"],
+        state=TrialState.RUNNING,
+        value=None,
+        datetime_start=datetime.datetime.now(),
+        datetime_complete=None,
+        params=dict(info["params"]),
+        distributions=distributions,
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=info["trial_id"],
+    )
+    mirror = StudyMirror()
+    mirror.trials[own.number] = own
+    mirror.by_id[own._trial_id] = own
+    view = TrialView(mirror, own, info["study_name"], info["directions"], link.write)
+    study = optuna.Study(
+        info["study_name"], view, sampler=DriverSampler(link), pruner=RankPruner(link)
+    )
+    return optuna.Trial(study, own._trial_id)
+
+
+def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str, Any]:
+    """Run the objective as this rank of the trial; rank 0's record is the trial's result.
+
+    An exception propagates: the driver ends every rank of the trial and retries it whole.
+    """
+    link = DriverLink(ctx, info)
+    trial = _trial(info, link)
+    objective = cloudpickle.loads(objective_blob)
+    record: dict[str, Any] = {"number": info["number"], "error": None, "exception": None}
+    start = time.time()
+    try:
+        record.update(state=TrialState.COMPLETE.name, values=objective(trial))
+    except optuna.TrialPruned:
+        record.update(state=TrialState.PRUNED.name, values=None)
+    frozen = trial.storage.get_trial(trial._trial_id)
+    record.update(
+        params={},  # the driver sampled them and holds them
+        distributions={},
+        intermediate={int(k): float(v) for k, v in frozen.intermediate_values.items()},
+        user_attrs=dict(frozen.user_attrs) if ctx.rank == 0 else {},
+        start=start,
+        end=time.time(),
+    )
+    return record

@@ -1,0 +1,228 @@
+"""Gang-scheduled multi-rank trials (``ranks_per_trial``) on a real LocalCluster of 4 workers:
+DDP ranks with gloo, the same parameters on every rank, gangs side by side without deadlock,
+failures retried whole, pruning on every rank at the same step."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cloudpickle
+import optuna
+import pytest
+
+from clusterkit.runners import hpo
+from clusterkit.runners.ddp.placement import Slot
+from clusterkit.runners.hpo import gangs
+from clusterkit.runners.hpo.gang_loop import ATTR_GANG
+from clusterkit.runners.hpo.inputs import ATTR_ATTEMPTS, ATTR_ERROR, ATTR_TIME
+
+pytestmark = pytest.mark.local
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker() -> None:
+    """multiprocessing's tracker lives as long as pytest; start it before the leftover baseline."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def client() -> Iterator[object]:
+    """A cluster per test: its spare rank processes end with it (no leftovers between tests)."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=4, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as connected,
+    ):
+        connected.wait_for_workers(4, timeout=60)
+        yield connected
+
+
+def _search(client: object, objective: object, n_trials: int, **options: object) -> optuna.Study:
+    study = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(),
+        sampler=optuna.samplers.RandomSampler(seed=3),
+        pruner=options.pop("pruner", None),  # type: ignore[arg-type]
+    )
+    for params in options.pop("enqueue", ()):  # type: ignore[attr-defined]
+        study.enqueue_trial(params)
+    return hpo.run(
+        objective,  # type: ignore[arg-type]
+        n_trials=n_trials,
+        client=client,  # type: ignore[arg-type]
+        study=study,
+        progress=False,
+        workdir=None,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def _overlap(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> bool:
+    (start_a, end_a), (start_b, end_b) = a.user_attrs[ATTR_TIME], b.user_attrs[ATTR_TIME]
+    return start_a < end_b and start_b < end_a
+
+
+# ---------------------------------------------------------------------- placement, no cluster
+
+
+def _slots(hosts: dict[str, int]) -> list[Slot]:
+    return [
+        Slot(f"tcp://{host}:{i}", host, 0, False, 1)
+        for host, count in hosts.items()
+        for i in range(count)
+    ]
+
+
+def test_pack_takes_the_fullest_fitting_host_and_spread_one_per_host() -> None:
+    free = _slots({"a": 3, "b": 2, "c": 1})
+    assert {s.host for s in gangs.choose(free, 2, "pack") or []} == {"b"}
+    assert [s.host for s in gangs.choose(free, 3, "spread") or []] == ["a", "b", "c"]
+    assert gangs.choose(free, 7) is None
+
+
+def test_a_small_trial_fills_a_gap_only_when_the_head_is_not_delayed() -> None:
+    free = _slots({"a": 1})
+    waiting = [gangs.Waiting(1, 4), gangs.Waiting(2, 1)]
+    running = [gangs.Running(3, end=10.0)]  # the head can start at t=10
+    short, long = (lambda size: 5.0), (lambda size: 50.0)
+    assert [n for n, _ in gangs.plan(waiting, free, running, short, now=0.0)] == [2]
+    assert gangs.plan(waiting, free, running, long, now=0.0) == []
+    unknown = [gangs.Running(3, end=None)]
+    assert gangs.plan(waiting, free, unknown, short, now=0.0) == []
+
+
+# ---------------------------------------------------------------------- gangs on a cluster
+
+
+def same_params_objective(trial: optuna.Trial) -> float:
+    import torch.distributed as dist
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    n = trial.suggest_int("n", 1, 1000)
+    dist.init_process_group("gloo")  # left initialised: the runner destroys it
+    seen: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, [x, n, os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"]])
+    time.sleep(1.5)
+    trial.set_user_attr("seen", seen)
+    return x
+
+
+def test_two_gangs_of_two_run_side_by_side_with_the_same_params(client: object) -> None:
+    study = _search(client, same_params_objective, 4, ranks_per_trial=2)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    ports = set()
+    for trial in trials:
+        seen = trial.user_attrs["seen"]
+        x, n = trial.params["x"], trial.params["n"]
+        assert seen == [[x, n, "2", seen[0][3]]] * 2  # both ranks: same values, world size 2
+        ports.add(seen[0][3])
+        assert len(set(trial.user_attrs[ATTR_GANG])) == 2
+    assert len(ports) == 4  # each trial its own rendezvous port
+    pairs = list(itertools.combinations(trials, 2))
+    assert any(_overlap(a, b) for a, b in pairs), "gangs never ran side by side"
+    for a, b in pairs:  # gangs side by side never share a worker
+        if _overlap(a, b):
+            assert not set(a.user_attrs[ATTR_GANG]) & set(b.user_attrs[ATTR_GANG])
+
+
+def sized_objective(trial: optuna.Trial) -> float:
+    import torch.distributed as dist
+
+    k = trial.suggest_categorical("k", [1, 2, 4])
+    dist.init_process_group("gloo")
+    assert dist.get_world_size() == k
+    dist.barrier()
+    time.sleep(0.3)
+    return float(k)
+
+
+def test_mixed_sizes_from_a_function_finish_without_deadlock(client: object) -> None:
+    sizes = [2, 4, 1, 2, 1, 4, 1]
+    study = _search(
+        client,
+        sized_objective,
+        len(sizes),
+        ranks_per_trial=lambda params: params.get("k", 1),
+        enqueue=[{"k": k} for k in sizes],
+    )
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * len(sizes)
+    assert [len(t.user_attrs[ATTR_GANG]) for t in trials] == sizes
+
+
+def failing_objective(trial: optuna.Trial, marker_dir: Path) -> float:
+    import torch.distributed as dist
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    dist.init_process_group("gloo")
+    marker = marker_dir / f"{trial.number}"
+    if os.environ["RANK"] == "1" and (trial.number == 2 or not marker.exists()):
+        marker.touch()
+        if trial.number == 1:
+            os._exit(3)  # the rank process dies
+        raise ValueError(f"rank 1 fails trial {trial.number}")
+    dist.barrier()
+    return x
+
+
+def test_a_failing_rank_retries_the_whole_trial(client: object, tmp_path: Path) -> None:
+    from functools import partial
+
+    objective = partial(failing_objective, marker_dir=tmp_path)
+    study = _search(client, objective, 3, ranks_per_trial=2, max_retries=1)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL"]
+    assert [t.user_attrs[ATTR_ATTEMPTS] for t in trials] == [2, 2, 2]
+    assert "rank 1" in trials[2].user_attrs[ATTR_ERROR]
+    assert "rank 1 fails trial 2" in trials[2].user_attrs[ATTR_ERROR]
+
+
+def pruned_objective(trial: optuna.Trial, marker_dir: Path) -> float:
+    import torch
+    import torch.distributed as dist
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for step in range(3):
+        total = torch.tensor([1.0])
+        dist.all_reduce(total)  # ranks in lockstep: a rank left behind would hang
+        trial.report(x + step * 0.1, step)
+        if trial.should_prune():
+            (marker_dir / f"{trial.number}-{rank}").write_text(str(step))
+            raise optuna.TrialPruned()
+    return x
+
+
+def test_a_pruned_trial_stops_on_every_rank_at_the_same_step(
+    client: object, tmp_path: Path
+) -> None:
+    from functools import partial
+
+    study = _search(
+        client,
+        partial(pruned_objective, marker_dir=tmp_path),
+        3,
+        ranks_per_trial=2,
+        pruner=optuna.pruners.ThresholdPruner(upper=0.5),
+        enqueue=[{"x": 0.05}, {"x": 0.35}, {"x": 0.6}],
+    )
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "PRUNED"]
+    for trial, step in [(trials[1], 2), (trials[2], 0)]:
+        stops = [(tmp_path / f"{trial.number}-{rank}").read_text() for rank in (0, 1)]
+        assert stops == [str(step)] * 2
+        assert max(trial.intermediate_values) == step
+    assert not list(tmp_path.glob("0-*"))
