@@ -281,8 +281,17 @@ LOCAL_CASES = [
     ("local-cuda", UCX_FAST),
     ("local-cuda", {"devices": [0, 1], "rmm_pool_size": "1GiB", "device_memory_limit": 0.5}),
     ("local-cuda", {"protocol": "tls", "rmm_async": True, "enable_cudf_spill": True}),
-    ("local-cuda", {"cuda": {"rmm_maximum_pool_size": "40GB", "rmm_release_threshold": "30GB",
-                             "pre_import": ["json"], "log_spilling": True}}),
+    (
+        "local-cuda",
+        {
+            "cuda": {
+                "rmm_maximum_pool_size": "40GB",
+                "rmm_release_threshold": "30GB",
+                "pre_import": ["json"],
+                "log_spilling": True,
+            }
+        },
+    ),
 ]
 
 
@@ -393,9 +402,14 @@ def test_kubernetes_manifest_commands_parse(case: tuple[str, int], tmp_path: Pat
             assert ctx.params["tls_ca_file"] and ctx.params["tls_key"]
 
 
-CUDA_OPTIONS = {"rmm_maximum_pool_size": "40GB", "rmm_release_threshold": "30GB",
-                "pre_import": ["json", "math"], "rmm_track_allocations": True,
-                "enable_cudf_spill": False, "multiprocessing_method": "spawn"}
+CUDA_OPTIONS = {
+    "rmm_maximum_pool_size": "40GB",
+    "rmm_release_threshold": "30GB",
+    "pre_import": ["json", "math"],
+    "rmm_track_allocations": True,
+    "enable_cudf_spill": False,
+    "multiprocessing_method": "spawn",
+}
 
 
 @pytest.mark.parametrize("backend", ["slurm", "pbs", "kubernetes"])
@@ -521,3 +535,67 @@ def test_sbatch_refuses_more_gpus_than_the_node_has(slurm: Any, tmp_path: Path) 
     script.write_text(rendered(tmp_path, "sb-too-many", data))
     done = slurm.run("sbatch", "--test-only", str(script))
     assert done.returncode != 0 and "configuration is not available" in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------ whole runs in one job (--batch)
+
+
+def batch_plan(backend: str, variant: str, gpus: int, tmp_path: Path, **extra: Any) -> Any:
+    """A ``--batch`` run's record with its plan, for a profile of ``jobqueue_profile``."""
+    from clusterkit.profiles import load_profile
+    from clusterkit.runs import batch
+    from clusterkit.runs.records import RunRecord
+
+    path = tmp_path / f"{backend}-{variant}.yaml"
+    path.write_text(yaml.safe_dump({**jobqueue_profile(backend, variant, gpus), **extra}))
+    profile = load_profile(path)
+    record = RunRecord("hpo-1125-abc123", "hpo", [], str(tmp_path), "p", None, None)
+    record.batch = batch.plan(profile, record)  # type: ignore[arg-type]
+    return profile, record
+
+
+BATCH_CASES = [
+    (variant, gpus) for variant in ("default", "ucx-nvlink-ib", "resources") for gpus in (0, 1)
+]
+
+
+@pytest.mark.parametrize("case", BATCH_CASES, ids=[case_id(c) for c in BATCH_CASES])
+def test_batch_worker_command_parses(
+    case: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker each task of a batch run's job starts: Dask's or dask-cuda's own parser."""
+    variant, gpus = case
+    monkeypatch.setenv("CLUSTERKIT_STATE_DIR", str(tmp_path / "state"))
+    _, record = batch_plan("slurm", variant, gpus, tmp_path)
+    plan = record.batch
+    module, ctx = parse_python([plan["python"], "-m", plan["worker_module"], *plan["worker"]])
+    assert module == ("dask_cuda.cli" if gpus else "distributed.cli.dask_worker")
+    params = ctx.params
+    assert params["scheduler_file"].endswith(f"runs/{record.id}/scheduler.json")
+    assert params.get("lifetime") is None  # the job ends its workers, not a lifetime
+    assert ("GPU=1" in (params["resources"] or "")) == bool(gpus)
+    if variant == "ucx-nvlink-ib" and gpus:
+        assert params["enable_nvlink"] and params["enable_infiniband"]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("gpus", [0, 1])
+@pytest.mark.parametrize("requeue", [False, True])
+def test_sbatch_accepts_the_batch_job_script(
+    gpus: int, requeue: bool, slurm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch run's one job: a task per worker (a GPU each), requeue and the walltime signal."""
+    from clusterkit.runs import batch
+    from tests import slurm as S
+
+    monkeypatch.setenv("CLUSTERKIT_STATE_DIR", str(tmp_path / "state"))
+    extra = {"queue": S.PARTITION, "workers": 3, "requeue": requeue}  # 6 of its 8 CPUs
+    profile, record = batch_plan("slurm", "default", gpus, tmp_path, **extra)
+    script = tmp_path / "job.sh"
+    script.write_text(batch.job_script(profile, record))
+    text = script.read_text()
+    assert "#SBATCH --ntasks=3" in text and ("#SBATCH --gpus-per-task=1" in text) == bool(gpus)
+    assert ("#SBATCH --signal=B:USR1@" in text) is requeue
+    done = slurm.run("sbatch", "--test-only", str(script))
+    assert done.returncode == 0 and "to start at" in done.stderr, done.stderr
+    assert not slurm.queue()
