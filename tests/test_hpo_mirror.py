@@ -192,7 +192,8 @@ def _trial(number: int, state: TrialState = TrialState.RUNNING) -> FrozenTrial:
 @pytest.mark.unit
 def test_mirror_applies_deltas_in_order_and_refuses_gaps() -> None:
     done = TrialState.COMPLETE
-    log = [_trial(0), _trial(1), _trial(0, done), _trial(2), _trial(1, done)]
+    trials = [_trial(0), _trial(1), _trial(0, done), _trial(2), _trial(1, done)]
+    log = [pickle.dumps(trial) for trial in trials]  # entries travel pickled one by one
     mirror = StudyMirror()
     assert not mirror.update(2, log[2:4], None)  # a gap: the mirror says it is stale
     assert mirror.update(0, log[:3], None) and mirror.version == 3

@@ -27,7 +27,8 @@ INLINE_BASE = 64 * 1024
 
 
 class ChangeLog:
-    """Trial snapshots in the order the driver saw them change; a mirror's version is a length.
+    """Trial snapshots (pickled) in the order the driver saw them change; a mirror's version
+    is a length.
 
     A task carries the entries from ``since`` (the oldest version a live worker acknowledged, and
     never more than ``window`` entries back) to the head: about as many entries as trials that
@@ -39,7 +40,10 @@ class ChangeLog:
 
     def __init__(self, client: Client, trials: list[FrozenTrial], slots: int) -> None:
         self.client = client
-        self.entries: list[FrozenTrial] = list(trials)
+        #: each snapshot pickled once, when it is logged: a task carries the bytes, and a
+        #: mirror unpickles only the entries it lacks (the cost per trial stays flat however
+        #: many trials are in flight, where re-pickling every carried entry grew with them)
+        self.entries: list[bytes] = [pickle.dumps(trial) for trial in trials]
         self.acks: dict[str, int] = {}
         self.live: set[str] = set()
         self.window = 64
@@ -52,7 +56,7 @@ class ChangeLog:
         self.window = 2 * slots + 64
 
     def add(self, trial: FrozenTrial) -> None:
-        self.entries.append(trial)
+        self.entries.append(pickle.dumps(trial))
 
     def ack(self, worker: str, version: int) -> None:
         self.acks[worker] = version

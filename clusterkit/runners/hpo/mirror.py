@@ -43,21 +43,22 @@ class StudyMirror:
             self.trials[trial.number] = trial
             self.by_id[trial._trial_id] = trial
 
-    def update(self, since: int, changes: Sequence[FrozenTrial], base: Any) -> bool:
-        """Apply log entries ``since..since+len(changes)``; False when the mirror is too old.
+    def update(self, since: int, changes: Sequence[bytes], base: Any) -> bool:
+        """Apply log entries ``since..since+len(changes)`` (each a pickled trial snapshot,
+        unpickled only when this mirror lacks it); False when the mirror is too old.
 
-        ``base`` is ``(version, pickled trials)``, the log up to ``version``, or None. It
+        ``base`` is ``(version, pickled entries)``, the log up to ``version``, or None. It
         travels pickled: a worker that holds or forwards it never imports Optuna's classes on
         its event loop (a race with a trial importing Optuna failed such transfers).
         """
         with self.lock:
             if self.version < since and base is not None and base[0] > self.version:
-                trials = pickle.loads(base[1])  # the base is the log up to its version
-                self._put(trials[self.version :])
+                entries = pickle.loads(base[1])  # the base is the log up to its version
+                self._put([pickle.loads(entry) for entry in entries[self.version :]])
                 self.version = base[0]
             if self.version < since:
                 return False
-            self._put(changes[self.version - since :])
+            self._put([pickle.loads(entry) for entry in changes[self.version - since :]])
             self.version = max(self.version, since + len(changes))
             return True
 
