@@ -226,3 +226,46 @@ def test_a_pruned_trial_stops_on_every_rank_at_the_same_step(
         assert stops == [str(step)] * 2
         assert max(trial.intermediate_values) == step
     assert not list(tmp_path.glob("0-*"))
+
+
+def resuming_objective(trial: optuna.Trial, marker_dir: Path) -> float:
+    """Rank 0 checkpoints each step; the first attempt of every trial dies after step 1, the
+    retry resumes from the checkpoint (never from step 0)."""
+    import torch.distributed as dist
+
+    from clusterkit.runners.hpo import rank_context
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    dist.init_process_group("gloo")
+    ctx = rank_context()
+    state = ctx.load_checkpoint() or {"step": 0}
+    (marker_dir / f"{trial.number}-{ctx.rank}-from-{state['step']}").touch()
+    for step in range(state["step"], 3):
+        dist.barrier()
+        if ctx.rank == 0:
+            ctx.save_checkpoint({"step": step + 1})
+        dist.barrier()
+        if step == 1 and ctx.restart_count == 1:
+            raise RuntimeError("the first attempt dies after step 1")
+    return x
+
+
+@pytest.mark.parametrize("where", ["checkpoint-dir", "scheduler"])
+def test_a_retried_trial_resumes_from_its_checkpoint(
+    client: object, tmp_path: Path, where: str
+) -> None:
+    from functools import partial
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    checkpoints = tmp_path / "ckpt" if where == "checkpoint-dir" else None
+    objective = partial(resuming_objective, marker_dir=markers)
+    options: dict[str, object] = {"ranks_per_trial": 2, "max_retries": 1}
+    if checkpoints is not None:
+        options["checkpoint_dir"] = str(checkpoints)
+    study = _search(client, objective, 2, **options)
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    started = sorted(p.name for p in markers.iterdir())
+    assert started == [f"{n}-{r}-from-{s}" for n in (0, 1) for r in (0, 1) for s in (0, 2)]
+    if checkpoints is not None:  # a folder per trial
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["trial-0", "trial-1"]

@@ -79,6 +79,9 @@ def hpo(
     ranks_per_trial: int = typer.Option(
         1, "--ranks-per-trial", help="DDP ranks per trial (torchrun env), slots reserved together."
     ),
+    checkpoint_dir: str = typer.Option(
+        None, "--checkpoint-dir", help="Multi-rank trials' checkpoints: URL or path, per trial."
+    ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
     out: str = typer.Option(None, "--out", help="Results folder; default ./STUDY-results."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress."),
@@ -147,6 +150,7 @@ def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[
             out=folder,
             workdir=project,
             ranks_per_trial=params["ranks_per_trial"],
+            checkpoint_dir=params["checkpoint_dir"],
         )
     finally:
         client.close()
@@ -179,6 +183,9 @@ def _detach(name: str, params: dict[str, Any]) -> str:
         argv += ["--timeout", str(params["timeout"])]
     if params["ranks_per_trial"] != 1:
         argv += ["--ranks-per-trial", str(params["ranks_per_trial"])]
+    if params["checkpoint_dir"] is not None:
+        url = params["checkpoint_dir"]
+        argv += ["--checkpoint-dir", url if "://" in url else _absolute(url)]
     if params["no_workdir"]:
         argv.append("--no-workdir")
     elif params["workdir"] is not None:

@@ -79,7 +79,8 @@ def wait_ready(client: Client, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def _checkpoint(client: Client, run_id: str) -> bytes | None:
+def last_checkpoint(client: Client, run_id: str) -> bytes | None:
+    """The checkpoint rank 0 of run ``run_id`` left with the scheduler, or None."""
     from distributed import Event, Variable
 
     if not Event(f"{run_id}-ckpt", client).is_set():
@@ -244,7 +245,7 @@ def _attempts(
                 ) from None
             log.warning("DDP attempt %d failed (%s); restarting", attempt, failure.message)
             counter[0] += 1
-            checkpoint = _checkpoint(client, run_id)
+            checkpoint = last_checkpoint(client, run_id)
             if options.project is not None:  # the project as it is now, as torchrun would
                 from clusterkit.runners.workdir import reship
 

@@ -12,12 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from clusterkit.runners.hpo.driver import run
+    from clusterkit.runners.hpo.gang_rank import rank_context
     from clusterkit.runners.hpo.records import best_summary
 
-__all__ = ["best_summary", "run"]
+__all__ = ["best_summary", "rank_context", "run"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "rank_context":  # a rank's: no driver import in a rank process
+        from clusterkit.runners.hpo.gang_rank import rank_context
+
+        return rank_context
     if name in __all__:
         from clusterkit.runners.hpo import driver
 

@@ -54,6 +54,7 @@ def run(
     workdir: Any = "auto",
     ranks_per_trial: RanksPerTrial = 1,
     placement: str = "pack",
+    checkpoint_dir: str | None = None,
 ) -> optuna.Study:
     """Run an Optuna search with every worker slot busy until ``n_trials`` trials finished.
 
@@ -65,29 +66,28 @@ def run(
     n_trials
         Finished trials (complete, pruned or failed) the study must hold, earlier runs included.
     study, storage, study_name, direction, sampler, pruner
-        A study, or what to create/load it from; storage: an Optuna storage, database URL or
-        journal file path (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
+        A study, or what to make it from; storage: Optuna's, a database URL or a journal file
+        (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
     resources, max_retries, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
         whose worker died; exceptions that fail only their trial (others re-raise).
     timeout, progress, out
         Seconds after which no trial starts; live progress; a folder for trials.csv, plots.
     workdir
-        The project directory trials run in (cwd, first on ``sys.path``): in place where a
-        worker sees the same path, else a synced copy. ``"auto"``: the current directory when
-        the objective's module lives under it; None: off.
-    ranks_per_trial, placement
+        The project trials run in (cwd, first on ``sys.path``): in place where a worker sees
+        its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None: off.
+    ranks_per_trial, placement, checkpoint_dir
         Ranks per trial (an int, or a function of the parameters sampled so far): above 1 a
-        trial is a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread".
+        trial is a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread";
+        an fsspec URL or path for the gangs' checkpoints, a folder per trial.
     """
     inputs.check_counts(n_trials, max_retries)
     if study is None:
         study = inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
     client = client if client is not None else _default_client()
-    objective, gang = _in_place(client, objective, workdir, ranks_per_trial, placement)
-    check_resources(client, resources)
-    if slots(client, resources) == 0:
-        client.wait_for_workers(1)
+    gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
+    objective, gang = _in_place(client, objective, workdir, gangs_of)
+    _check_workers(client, resources)
     inputs.recover_orphans(study)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
     search = drive(study, client, objective, *settings)
@@ -96,20 +96,35 @@ def run(
     return study
 
 
+def _check_workers(client: Client, resources: Mapping[str, float] | None) -> None:
+    """Resources a worker can have, and a worker to run on (waited for)."""
+    check_resources(client, resources)
+    if slots(client, resources) == 0:
+        client.wait_for_workers(1)
+
+
 def _in_place(
-    client: Client, objective: Any, workdir: Any, ranks: RanksPerTrial, placement: str
+    client: Client, objective: Any, workdir: Any, gang: GangOptions | None
 ) -> tuple[Any, GangOptions | None]:
     """The objective made to run in the project; with gangs, the project shipped for their
     ranks to enter, as the training runner's do (the objective itself is sent as it is)."""
     from clusterkit.runners.workdir import in_project, resolve, ship
 
-    gang = gangs.options(ranks, placement)
     if gang is None:
         return in_project(client, objective, workdir), None
     gang.project = resolve(workdir, objective)
     if gang.project is not None:
         ship(client, gang.project)
     return objective, gang
+
+
+def _absolute(url: str | None) -> str | None:
+    """A path made absolute here (ranks run elsewhere); a URL as it is."""
+    import os
+
+    if url is None or "://" in url:
+        return url
+    return os.path.abspath(os.path.expanduser(url))
 
 
 def _default_client() -> Client:

@@ -52,6 +52,7 @@ class GangAttempt(Attempt):
     failed: bool = False
     decisions: dict[int, bool] = field(default_factory=dict)  # step -> rank 0's verdict
     asking: dict[int, list[str]] = field(default_factory=dict)  # step -> replies owed
+    checkpoint: bytes | None = None  # what rank 0 saved with the scheduler: a retry resumes
 
 
 class GangLoop(SearchLoop):
@@ -206,11 +207,11 @@ class GangLoop(SearchLoop):
             slots,
             torch_backend("auto", slots),
             payload,
-            checkpoint=None,
+            checkpoint=attempt.checkpoint,  # an earlier attempt's, held by the scheduler
             init_group=False,  # the objective initialises its group, as under torchrun
             rendezvous_timeout=RENDEZVOUS_TIMEOUT,
             project=self.options.project,
-            checkpoint_dir=None,
+            checkpoint_dir=self.options.checkpoints_of(attempt.number),
             warnings_topic=self.warnings.topic,
             progress_topic=None,
         )
@@ -257,12 +258,15 @@ class GangLoop(SearchLoop):
             self.client.cancel(lost, force=True)
 
     def _ended(self, attempt: GangAttempt) -> None:
-        from clusterkit.runners.ddp.driver import cleanup
+        from clusterkit.runners.ddp.driver import cleanup, last_checkpoint
         from clusterkit.runners.ddp.group import first_failure
 
         futures, slots = attempt.futures, attempt.slots
         attempt.futures, attempt.slots = [], []
-        cleanup(self.client, f"{self.topic}-t{attempt.number}", attempt.starts + 1)
+        run_id = f"{self.topic}-t{attempt.number}"
+        if self.options.checkpoint_dir is None:  # held by the scheduler: kept for a retry
+            attempt.checkpoint = last_checkpoint(self.client, run_id) or attempt.checkpoint
+        cleanup(self.client, run_id, attempt.starts + 1)
         self.storage.set_trial_user_attr(attempt.trial_id, ATTR_GANG, [s.worker for s in slots])
         if all(f.status == "finished" for f in futures):
             import cloudpickle

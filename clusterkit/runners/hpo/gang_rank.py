@@ -111,6 +111,19 @@ def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
     return optuna.Trial(study, own._trial_id)
 
 
+_context: list[Any] = []  # the running trial's rank context, while its objective runs
+
+
+def rank_context() -> Any:
+    """In a multi-rank trial's objective: this rank's context (``rank``, ``world_size``,
+    ``device``, ``save_checkpoint(state)``, ``load_checkpoint()``), as ``ddp.run`` gives its
+    function; checkpoints go to the search's ``checkpoint_dir``, a folder per trial, and a
+    retried trial resumes from them."""
+    if not _context:
+        raise RuntimeError("rank_context() is for the objective of a trial with ranks_per_trial")
+    return _context[-1]
+
+
 def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str, Any]:
     """Run the objective as this rank of the trial; rank 0's record is the trial's result.
 
@@ -121,10 +134,13 @@ def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str,
     objective = cloudpickle.loads(objective_blob)
     record: dict[str, Any] = {"number": info["number"], "error": None, "exception": None}
     start = time.time()
+    _context.append(ctx)
     try:
         record.update(state=TrialState.COMPLETE.name, values=objective(trial))
     except optuna.TrialPruned:
         record.update(state=TrialState.PRUNED.name, values=None)
+    finally:
+        _context.pop()
     frozen = trial.storage.get_trial(trial._trial_id)
     record.update(
         params={},  # the driver sampled them and holds them

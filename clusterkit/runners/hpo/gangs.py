@@ -24,14 +24,23 @@ RanksPerTrial = int | Callable[[dict[str, Any]], int]
 @dataclass
 class GangOptions:
     """How trials become gangs: their size (or a function of their parameters), placement,
-    and the project the ranks run in."""
+    the project the ranks run in, and where each trial's checkpoints go (``DIR/trial-N``)."""
 
     ranks: RanksPerTrial
     placement: str = "pack"
     project: Any = None
+    checkpoint_dir: str | None = None
+
+    def checkpoints_of(self, number: int) -> str | None:
+        """Trial ``number``'s checkpoint folder: every attempt of it resumes from there."""
+        if self.checkpoint_dir is None:
+            return None
+        return f"{self.checkpoint_dir.rstrip('/')}/trial-{number}"
 
 
-def options(ranks: RanksPerTrial, placement: str, project: Any = None) -> GangOptions | None:
+def options(
+    ranks: RanksPerTrial, placement: str, checkpoint_dir: str | None = None
+) -> GangOptions | None:
     """The checked gang options; None for one rank per trial (the plain path)."""
     if placement not in PLACEMENTS:
         raise BadInput(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
@@ -41,7 +50,7 @@ def options(ranks: RanksPerTrial, placement: str, project: Any = None) -> GangOp
         return None
     if not isinstance(ranks, int) and not callable(ranks):
         raise BadInput(f"ranks_per_trial must be an int or a function, got {ranks!r}")
-    return GangOptions(ranks, placement, project)
+    return GangOptions(ranks, placement, checkpoint_dir=checkpoint_dir)
 
 
 @dataclass(frozen=True)
