@@ -33,7 +33,10 @@ def fresh_process_result(name: str, env: dict[str, str] | None = None) -> str:
     """Run get_client(NAME) + one task in a brand-new Python process; return its stdout."""
     done = subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, name],
-        capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()
@@ -140,3 +143,69 @@ def run_embedded_contract(
 def run_attach_contract(address_profile: Any) -> None:
     """An ``address`` profile attaches to a running scheduler and runs the same workloads."""
     run_embedded_contract(address_profile)
+
+
+DETACHED_SEARCH = """
+import time
+
+def objective(trial):
+    x = trial.suggest_float("x", -1.0, 1.0)
+    time.sleep(0.2)
+    return x * x
+"""
+
+
+def run_detached_contract(
+    directory: Any,
+    profile: Any,
+    name: str,
+    study: str,
+    still_up: Callable[[], None],
+    timeouts: tuple[int, int],
+) -> None:
+    """`up` the profile as ``name``, `hpo --detach -p NAME` (6 trials), `runs wait` exits 0,
+    the study holds each trial once, `runs` shows it succeeded on the cluster, the cluster is
+    still up (``still_up`` checks the backend's own view), then `down`. ``timeouts``: seconds
+    for `runs wait`, and for each command."""
+    wait, timeout = timeouts
+    import json
+
+    import optuna
+
+    from clusterkit.runners.hpo.inputs import counted, resolve_storage
+
+    (directory / "search.py").write_text(DETACHED_SEARCH)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "clusterkit", *args]
+        return subprocess.run(
+            command, cwd=directory, capture_output=True, text=True, timeout=timeout
+        )
+
+    up = cli("up", str(profile), "--name", name)
+    assert up.returncode == 0, up.stderr
+    try:
+        search = ["search.py:objective", "--trials", "6", "--study-name", study]
+        started = cli("hpo", *search, "-p", name, "--detach")
+        assert started.returncode == 0, started.stderr
+        run_id = started.stdout.strip()
+        assert run_id.startswith("hpo-"), started.stdout
+        waited = cli("runs", "wait", run_id, "--timeout", str(wait))
+        log = cli("runs", "logs", run_id).stdout
+        assert waited.returncode == 0, f"{waited.stderr}\n{log[-3000:]}"
+        assert f"{run_id}: succeeded" in waited.stderr
+        storage = resolve_storage(str(directory / f"{study}.optuna.log"), study)
+        trials = optuna.load_study(study_name=study, storage=storage).get_trials()
+        kept = [t for t in trials if counted(t)]
+        assert len(kept) == 6 and all(t.state.name == "COMPLETE" for t in kept), trials
+        assert len(trials) == 6 and len({t.number for t in trials}) == 6
+        (row,) = json.loads(cli("runs", "--json").stdout)
+        assert row["id"] == run_id and row["state"] == "succeeded", row
+        assert row["target"] == f"cluster {name}" and row["progress"] == "6/6"
+        assert row["restarts"] == 0
+        listed = json.loads(cli("ls", "--json").stdout)
+        assert [r["name"] for r in listed] == [name], listed
+        still_up()
+    finally:
+        down = cli("down", name)
+    assert down.returncode == 0, down.stderr

@@ -390,59 +390,17 @@ def test_process_killed_mid_start_leaves_a_dead_record_that_down_removes(
     )
 
 
-SEARCH = """
-import time
-
-def objective(trial):
-    x = trial.suggest_float("x", -1.0, 1.0)
-    time.sleep(0.2)
-    return x * x
-"""
-
-
 @pytest.mark.timeout(600)
 def test_detached_search_attaches_to_the_cluster_from_up(clean: Harness, tmp_path: Path) -> None:
     """`hpo --detach -p NAME` on a Kubernetes cluster from `up`: its driver attaches to the
     DaskCluster by name, `runs wait` exits 0, the study holds each trial once, the cluster
     stays up until `down`."""
-    import optuna
-
-    from clusterkit.runners.hpo.inputs import counted, resolve_storage
+    from tests.contract import run_detached_contract
 
     name = "k8s-runs"
     profile = write_profile(tmp_path, name, workers=2)
-    (tmp_path / "search.py").write_text(SEARCH)
 
-    def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "clusterkit", *args]
-        return subprocess.run(
-            command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout
-        )
-
-    up = cli("up", str(profile), "--name", name)
-    assert up.returncode == 0, up.stderr
-    try:
-        search = ["search.py:objective", "--trials", "6", "--study-name", "pods"]
-        started = cli("hpo", *search, "-p", name, "--detach")
-        assert started.returncode == 0, started.stderr
-        run_id = started.stdout.strip()
-        assert run_id.startswith("hpo-"), started.stdout
-        waited = cli("runs", "wait", run_id, "--timeout", "200")
-        log = cli("runs", "logs", run_id).stdout
-        assert waited.returncode == 0, f"{waited.stderr}\n{log[-3000:]}"
-        assert f"{run_id}: succeeded" in waited.stderr
-        storage = resolve_storage(str(tmp_path / "pods.optuna.log"), "pods")
-        trials = optuna.load_study(study_name="pods", storage=storage).get_trials()
-        kept = [t for t in trials if counted(t)]
-        assert len(kept) == 6 and all(t.state.name == "COMPLETE" for t in kept), trials
-        assert len(trials) == 6 and len({t.number for t in trials}) == 6
-        (row,) = json.loads(cli("runs", "--json").stdout)
-        assert row["id"] == run_id and row["state"] == "succeeded", row
-        assert row["target"] == f"cluster {name}" and row["progress"] == "6/6"
-        assert row["restarts"] == 0
-        listed = json.loads(cli("ls", "--json").stdout)
-        assert [r["name"] for r in listed] == [name], listed
+    def still_up() -> None:
         assert [c["metadata"]["name"] for c in clean.objects("daskclusters")] == [name]
-    finally:
-        down = cli("down", name)
-    assert down.returncode == 0, down.stderr
+
+    run_detached_contract(tmp_path, profile, name, "pods", still_up, timeouts=(200, 240))

@@ -348,13 +348,24 @@ def test_unreadable_run_record_is_listed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["bad.py:objective", "-n", "2"], "loading 'bad.py' failed: ZeroDivisionError"),
-        (["search.py:nothing", "-n", "2"], "has no function 'nothing'"),
-        (["search.py:objective", "-n", "2", "--max-restarts", "-1"], "--max-restarts"),
-        (["search.py:objective", "-n", "2", "-p", "no-such-profile"], "no-such-profile"),
+        (["bad.py:objective", "-n", "2", "--detach"], "loading 'bad.py' failed: ZeroDivisionError"),
+        (["search.py:nothing", "-n", "2", "--detach"], "has no function 'nothing'"),
+        (["search.py:objective", "-n", "2", "--max-restarts", "-1", "--detach"], "--max-restarts"),
+        (
+            ["search.py:objective", "-n", "2", "-p", "no-such-profile", "--detach"],
+            "no-such-profile",
+        ),
+        (
+            ["search.py:objective", "-n", "4", "--batch"],
+            "--batch needs --profile: a slurm or pbs profile",
+        ),
+        (
+            ["search.py:objective", "-n", "4", "-p", "local", "--batch"],
+            "one SLURM or PBS job; profile 'local' is local",
+        ),
     ],
 )
-def test_detach_with_bad_input_fails_before_a_run_id(
+def test_detach_or_batch_with_bad_input_fails_before_a_run_id(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -364,31 +375,7 @@ def test_detach_with_bad_input_fails_before_a_run_id(
     (tmp_path / "search.py").write_text(textwrap.dedent(OBJECTIVE))
     (tmp_path / "bad.py").write_text("1 / 0\n")
     monkeypatch.chdir(tmp_path)
-    assert _cli("hpo", *args, "--detach") == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert captured.out == "" and err.startswith("error: ") and "\n" not in err, err
-    assert expected in err
-    assert not state.runs_dir().exists() or not state.run_ids()
-
-
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["-n", "4"], "--batch needs --profile: a slurm or pbs profile"),
-        (["-n", "4", "-p", "local"], "one SLURM or PBS job; profile 'local' is local"),
-    ],
-)
-def test_batch_needs_a_slurm_or_pbs_profile(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    args: list[str],
-    expected: str,
-) -> None:
-    (tmp_path / "search.py").write_text(textwrap.dedent(OBJECTIVE))
-    monkeypatch.chdir(tmp_path)
-    assert _cli("hpo", "search.py:objective", *args, "--batch") == 2
+    assert _cli("hpo", *args) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert captured.out == "" and err.startswith("error: ") and "\n" not in err, err

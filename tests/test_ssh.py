@@ -519,60 +519,20 @@ def test_project_directory_without_a_shared_disk(lab: Lab, tmp_path: Path) -> No
 
 # ------------------------------------------------------------------ detached runs
 
-SEARCH = """
-import time
-
-def objective(trial):
-    x = trial.suggest_float("x", -1.0, 1.0)
-    time.sleep(0.2)
-    return x * x
-"""
-
 
 def test_detached_search_attaches_to_the_cluster_from_up(lab: Lab, tmp_path: Path) -> None:
     """`hpo --detach -p NAME` on an ssh cluster from `up` (mutual TLS): its driver attaches by
     name, `runs wait` exits 0, the study holds each trial once, the cluster stays up."""
-    import optuna
     import yaml
 
-    from clusterkit.runners.hpo.inputs import counted, resolve_storage
+    from tests.contract import run_detached_contract
 
     name = f"ssh-runs-{uuid.uuid4().hex[:6]}"
     profile = tmp_path / "runs.yaml"
     data = lab.profile(name, hosts=["127.0.0.1", "127.0.0.1"]).model_dump(mode="json")
     profile.write_text(yaml.safe_dump(data))
-    (tmp_path / "search.py").write_text(SEARCH)
 
-    def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "clusterkit", *args]
-        return subprocess.run(
-            command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout
-        )
-
-    up = cli("up", str(profile), "--name", name)
-    assert up.returncode == 0, up.stderr
-    try:
-        search = ["search.py:objective", "--trials", "6", "--study-name", "remote"]
-        started = cli("hpo", *search, "-p", name, "--detach")
-        assert started.returncode == 0, started.stderr
-        run_id = started.stdout.strip()
-        assert run_id.startswith("hpo-"), started.stdout
-        waited = cli("runs", "wait", run_id, "--timeout", "150", timeout=180)
-        log = cli("runs", "logs", run_id).stdout
-        assert waited.returncode == 0, f"{waited.stderr}\n{log[-3000:]}"
-        assert f"{run_id}: succeeded" in waited.stderr
-        storage = resolve_storage(str(tmp_path / "remote.optuna.log"), "remote")
-        trials = optuna.load_study(study_name="remote", storage=storage).get_trials()
-        kept = [t for t in trials if counted(t)]
-        assert len(kept) == 6 and all(t.state.name == "COMPLETE" for t in kept), trials
-        assert len(trials) == 6 and len({t.number for t in trials}) == 6
-        (row,) = json.loads(cli("runs", "--json").stdout)
-        assert row["id"] == run_id and row["state"] == "succeeded", row
-        assert row["target"] == f"cluster {name}" and row["progress"] == "6/6"
-        assert row["restarts"] == 0
-        listed = json.loads(cli("ls", "--json").stdout)
-        assert [r["name"] for r in listed] == [name], listed
+    def still_up() -> None:
         assert "Scheduler" in " ".join(S.remote_processes([lab.server]).values())
-    finally:
-        down = cli("down", name)
-    assert down.returncode == 0, down.stderr
+
+    run_detached_contract(tmp_path, profile, name, "remote", still_up, timeouts=(150, 180))

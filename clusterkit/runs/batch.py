@@ -57,7 +57,6 @@ def checked_profile(ref: str | None) -> JobQueueProfile:
 def plan(profile: JobQueueProfile, record: RunRecord) -> dict[str, Any]:
     """What the job needs to know, fixed at submission (a profile edited later changes nothing
     of a queued run): the system, the worker count, the commands and the environment."""
-    from clusterkit.backends import options
     from clusterkit.backends.jobqueue.jobs import (
         CPU_WORKER,
         GPU_WORKER,
@@ -98,7 +97,6 @@ def plan(profile: JobQueueProfile, record: RunRecord) -> dict[str, Any]:
         "signal_margin": int(margin),
         "job_id": None,
         "starts": 0,
-        "resources": options.resource_spec(profile.worker_resources()) or None,
     }
 
 
@@ -120,7 +118,7 @@ def job_script(profile: JobQueueProfile, record: RunRecord) -> str:
     batch = record.batch or {}
     workers, cores = profile.workers, profile.cores_per_worker
     per_worker = int(profile.memory) // profile.processes
-    log = state.run_dir(record.id) / "job-%j.log"
+    folder = state.run_dir(record.id)
     common: dict[str, Any] = {
         "cores": cores,
         "memory": str(per_worker),
@@ -138,6 +136,7 @@ def job_script(profile: JobQueueProfile, record: RunRecord) -> str:
             directives += ["--requeue", f"--signal=B:USR1@{batch['signal_margin']}"]
         else:
             directives.append("--no-requeue")
+        log = folder / "job-%j.log"  # sbatch puts the job's id in the name
         directives += [f"-o {log}", f"-e {log}"]
         skip = ["-n 1", "--cpus-per-task", "--mem="]
         header_args = {"walltime": profile.walltime}
@@ -146,7 +145,8 @@ def job_script(profile: JobQueueProfile, record: RunRecord) -> str:
             f"select={workers}:ncpus={cores}:mem={max(1, per_worker // 2**20)}mb"
             + (":ngpus=1" if profile.worker.gpus else "")
         )
-        directives = [f"-r {'y' if batch['requeue'] else 'n'}", "-j oe", f"-o {str(log)[:-7]}.log"]
+        requeue = "y" if batch["requeue"] else "n"
+        directives = [f"-r {requeue}", "-j oe", f"-o {folder / 'job.log'}"]
         skip = []
         header_args = {"walltime": hms(profile.walltime), "resource_spec": chunk}
     job = backend.job_class()(  # type: ignore[attr-defined]
@@ -176,7 +176,8 @@ def submit_job(record: RunRecord, profile: JobQueueProfile) -> str:
 
 
 def resubmit(record: RunRecord) -> str:
-    """Submit the run's job script (again: ``runs resume`` of a job that left the queue)."""
+    """Submit the run's job script (again: ``runs resume`` of a job that left the queue); the
+    job id, also written beside the record (not in it: the job may be writing it already)."""
     from clusterkit.backends.base import get_backend
 
     script = state.run_dir(record.id) / JOB_SCRIPT
@@ -195,6 +196,7 @@ def resubmit(record: RunRecord) -> str:
         raise ClusterkitError(
             f"{command[0]} refused the run's job: {why[-1] if why else done.returncode}"
         )
+    state.write_private(state.run_dir(record.id) / JOB_ID_NAME, found.group("job_id"))
     return found.group("job_id")
 
 

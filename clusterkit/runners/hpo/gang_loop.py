@@ -22,7 +22,6 @@ from clusterkit.runners.hpo import gangs, inputs, records
 from clusterkit.runners.hpo.dispatch import Attempt
 from clusterkit.runners.hpo.gangs import GangOptions
 from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
-from clusterkit.runners.hpo.storage import flush as flush_storage
 
 if TYPE_CHECKING:
     import optuna
@@ -328,10 +327,6 @@ class GangLoop(SearchLoop):
         except Exception as error:  # a message racing the trial's end must not stop the search
             logger.debug("ignored %s message for trial %s: %s", kind, gang.number, error)
 
-    def _answer(self, reply: str, value: Any) -> None:
-        scheduler: Any = self.client.scheduler
-        self.client.sync(scheduler.queue_put, name=reply, data=value)
-
     def _suggest(self, attempt: GangAttempt, msg: dict[str, Any]) -> dict[str, Any]:
         """The trial's value for the parameter: sampled now on the first ask, then the same."""
         from optuna.distributions import json_to_distribution
@@ -351,10 +346,7 @@ class GangLoop(SearchLoop):
             else:
                 attempt.asking.setdefault(step, []).append(msg["reply"])
             return
-        records.add_intermediate(self.storage, attempt.trial_id, msg["intermediate"])
-        frozen = self.storage.get_trial(attempt.trial_id)
-        decision = bool(self.study.pruner.prune(self.study, frozen))
-        flush_storage(self.storage)
+        decision = self._decide_prune(attempt, msg["intermediate"])
         attempt.decisions[step] = decision
         for reply in [msg["reply"], *attempt.asking.pop(step, [])]:
             self._answer(reply, decision)

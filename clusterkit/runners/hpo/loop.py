@@ -273,19 +273,24 @@ class SearchLoop:
             return
         try:
             if kind == "prune":
-                self._answer_prune(attempt, msg)
+                self._answer(msg["reply"], self._decide_prune(attempt, msg["intermediate"]))
             else:
                 records.apply_write(self.storage, attempt.trial_id, msg)
         except Exception as error:  # a write racing the trial's end must not stop the search
             logger.debug("ignored %s message for trial %s: %s", kind, attempt.number, error)
 
-    def _answer_prune(self, attempt: Attempt, msg: dict[str, Any]) -> None:
+    def _decide_prune(self, attempt: Attempt, intermediate: Any) -> bool:
+        """The pruner's verdict on the trial with these intermediate values recorded."""
         storage = self.storage
-        records.add_intermediate(storage, attempt.trial_id, msg["intermediate"])
+        records.add_intermediate(storage, attempt.trial_id, intermediate)
         decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
         flush_storage(storage)  # an answer is a report: what it was decided on is durable first
+        return decision
+
+    def _answer(self, reply: str, value: Any) -> None:
+        """Put ``value`` on the scheduler queue a worker waits on for its answer."""
         scheduler: Any = self.client.scheduler
-        self.client.sync(scheduler.queue_put, name=msg["reply"], data=decision)
+        self.client.sync(scheduler.queue_put, name=reply, data=value)
 
     # ------------------------------------------------------------------ results
 
