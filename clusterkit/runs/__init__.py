@@ -121,9 +121,7 @@ def _submit_batch(record: RunRecord, profile: Any) -> None:
 
     if profile.protocol == "tls":
         security.generate_tls(state.run_dir(record.id) / batch_job.TLS_DIR)
-    job_id = batch_job.submit_job(record, profile)
-    # beside the record, not in it: the job may be writing its record already
-    state.write_private(state.run_dir(record.id) / batch_job.JOB_ID_NAME, job_id)
+    batch_job.submit_job(record, profile)
 
 
 def launch(kind: str, args: list[str], *, max_restarts: int = 3) -> str:
@@ -139,7 +137,9 @@ def launch(kind: str, args: list[str], *, max_restarts: int = 3) -> str:
     option = "--max-restarts" if kind == "hpo" else "--driver-restarts"
     split = args.index("--") if "--" in args else len(args)
     command = [kind, *args[:split], "--detach", option, str(max_restarts), *args[split:]]
-    with contextlib.redirect_stdout(io.StringIO()):
+    from clusterkit.runs.process import fresh_interpreter
+
+    with contextlib.redirect_stdout(io.StringIO()), fresh_interpreter():
         run_id = app(args=command, prog_name="clusterkit", standalone_mode=False)
     if not isinstance(run_id, str):
         raise ClusterkitError(f"clusterkit {kind} did not detach")
@@ -338,7 +338,7 @@ def resume(run_id: str, *, why: str = "resumed by `clusterkit runs resume`") -> 
     resumes from its storage, the training from its last checkpoint; counted as a restart."""
     from clusterkit.lifecycle.spawn import group_alive, kill_group
     from clusterkit.runs import batch as batch_job
-    from clusterkit.runs.process import detach
+    from clusterkit.runs.process import detach, fresh_interpreter
 
     record = get(run_id)
     if record.final:
@@ -351,16 +351,17 @@ def resume(run_id: str, *, why: str = "resumed by `clusterkit runs resume`") -> 
             kill_group(record.driver_pid, grace=10.0)
     record.restarts += 1
     record.reasons.append(why)
-    record.state, record.monitor_pid, record.driver_pid = "restarting", None, None
-    if record.batch is not None:
+    record.monitor_pid = record.driver_pid = None
+    if record.batch is None:
+        record.state = "restarting"
+        record.save()
+        with fresh_interpreter():  # the caller may be long-lived (a supervisor, a notebook)
+            detach(record)
+    else:
         record.batch.update(job_id=None, starts=0)  # the new job counts no second restart
         record.state = "queued"
-    record.save()
-    if record.batch is not None:
-        job_id = batch_job.resubmit(record)
-        state.write_private(state.run_dir(run_id) / batch_job.JOB_ID_NAME, job_id)
-    else:
-        detach(record)
+        record.save()
+        batch_job.resubmit(record)
     return get(run_id)
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,22 @@ READY_TIMEOUT = 30.0
 GROUP_GRACE = 5.0
 
 
+#: False while a long-lived process detaches (``runs.launch``, ``runs.resume``): a fork would
+#: inherit its open sockets and SSL objects, whose fds the child closes and reuses (a finalizer
+#: then writes into an unrelated connection, seen as a TLS "protocol version" alert).
+_fork_allowed = [True]
+
+
+@contextlib.contextmanager
+def fresh_interpreter() -> Iterator[None]:
+    """Detach through a fresh interpreter while inside, never by forking this process."""
+    _fork_allowed.append(False)
+    try:
+        yield
+    finally:
+        _fork_allowed.pop()
+
+
 def detach(record: RunRecord) -> int:
     """Start the run's monitor away from this process; its pid once it recorded itself."""
     from clusterkit.lifecycle import spawn
@@ -50,7 +67,7 @@ def detach(record: RunRecord) -> int:
     folder = state.run_dir(record.id)
     read_fd, write_fd = os.pipe()
     try:
-        if spawn.can_fork():
+        if _fork_allowed[-1] and spawn.can_fork():
             _fork_monitor(record.id, folder, write_fd)
         else:
             with _private_log(folder / MONITOR_LOG) as log:
