@@ -18,6 +18,11 @@ slots beyond t. Repetitions are interleaved, order alternating; medians are repo
 
     .venv/bin/python bench/gangs.py --reps 1 --trials 24 --seed 0
 
+``--fresh-ranks`` adds a third side: the same gang search with every trial's ranks in new
+processes (``CLUSTERKIT_DDP_REUSE=0``), as before rank processes were reused. The line under the
+table gives the gang policy's own makespan with zero overhead (``_gang_schedule``, simulated):
+what placement in order costs, apart from launching.
+
 Target (issue 25): gang makespan within 1.10x of the lower bound.
 """
 
@@ -36,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _gang_schedule import zero_overhead_makespan
 from _side_by_side import compile_clusterkit
 from hpo import cluster_security
 
@@ -140,7 +146,7 @@ def overheads(study: Any) -> tuple[list[float], list[float]]:
 
 
 def check(study: Any, trials: list[tuple[int, float]]) -> None:
-    from clusterkit.runners.hpo.gang_loop import ATTR_GANG
+    from clusterkit.runners.hpo.inputs import ATTR_GANG
 
     done = study.get_trials()
     states = {t.state.name for t in done}
@@ -152,13 +158,31 @@ def check(study: Any, trials: list[tuple[int, float]]) -> None:
             raise RuntimeError(f"{study.study_name} trial {t.number}: gang {gang}")
 
 
-def run_gangs(client: Any, trials: list[tuple[int, float]], rep: int) -> dict[str, Any]:
+def _set_reuse(value: str) -> None:
+    import os
+
+    from clusterkit.runners.ddp.pool import REUSE_ENV
+
+    os.environ[REUSE_ENV] = value
+
+
+def run_gangs(
+    client: Any, trials: list[tuple[int, float]], rep: int, fresh: bool = False
+) -> dict[str, Any]:
+    """One gang search; ``fresh``: every trial's ranks in new processes (the behaviour before
+    rank processes were reused across a search's trials), switched on the same workers."""
+    client.run(_set_reuse, "0" if fresh else "1")
     started = time.perf_counter()
-    study = search(client, trials, f"gangs-{rep}", lambda params: params["k"])
+    study = search(client, trials, f"gangs-{rep}-{'fresh' if fresh else 'reused'}", _size)
     makespan = time.perf_counter() - started
+    client.run(_set_reuse, "1")
     check(study, trials)
     launch, held = overheads(study)
     return {"makespan": makespan, "launch": launch, "held": held}
+
+
+def _size(params: dict[str, Any]) -> int:
+    return int(params["k"])
 
 
 def static_split(trials: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
@@ -243,6 +267,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fresh-ranks", action="store_true", help="also run gangs without rank process reuse"
+    )
     args = parser.parse_args()
 
     import optuna
@@ -267,13 +294,18 @@ def main() -> None:
             "gangs (one search, 8 slots)": lambda t, r: run_gangs(gang_client, t, r),
             "static partition 4+2+1+1": lambda t, r: run_static(static_clients, t, r),
         }
+        if args.fresh_ranks:
+            sides["gangs, fresh rank processes per trial"] = lambda t, r: run_gangs(
+                gang_client, t, r, fresh=True
+            )
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
-        bounds, ideals, work = [], [], []
+        bounds, ideals, policy, work = [], [], [], []
         for rep in range(args.reps):
             trials = draw(args.trials, args.seed + rep)
             bound = lower_bound(trials)
             bounds.append(bound)
             ideals.append(static_ideal(trials))
+            policy.append(zero_overhead_makespan(trials, SLOTS, SLOTS) / bound)
             work.append(sum(k * t for k, t in trials))
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for name in order:
@@ -299,7 +331,9 @@ def main() -> None:
         f"{args.trials} trials (k=1: {sizes.count(1)}, k=2: {sizes.count(2)}, "
         f"k=4: {sizes.count(4)} in rep 0), t ~ U(0.5, 3) s, {SLOTS} slots, {args.reps} reps "
         f"(medians); lower bound median {statistics.median(bounds):.2f}s; static partition "
-        f"with zero overhead (computed) median {statistics.median(ideals):.2f}s"
+        f"with zero overhead (computed) median {statistics.median(ideals):.2f}s; the gang "
+        f"policy with zero overhead (simulated) median {statistics.median(policy):.3f}x the "
+        "lower bound"
     )
     print(
         "| side | makespan s | makespan / lower bound | utilisation "

@@ -59,7 +59,7 @@ class TrainingFailed(ClusterkitError):
 
 def prepare(client: Client) -> None:
     """Start a spare rank process (torch imported) on every worker, now and on new workers."""
-    from clusterkit.runners.ddp.worker import SparePlugin
+    from clusterkit.runners.ddp.pool import SparePlugin
 
     if client.id in _prepared:
         return
@@ -69,7 +69,7 @@ def prepare(client: Client) -> None:
 
 def wait_ready(client: Client, timeout: float = 60.0) -> None:
     """Block until every worker's spare rank process has imported torch (for benchmarks)."""
-    from clusterkit.runners.ddp.worker import spare_ready
+    from clusterkit.runners.ddp.pool import spare_ready
 
     prepare(client)
     deadline = time.monotonic() + timeout

@@ -1,6 +1,7 @@
-"""The rank process: a fresh interpreter (torch preloaded) that runs one rank of a DDP group.
+"""The rank process: an interpreter (torch preloaded) that runs a rank of a DDP group.
 
-Started by the Dask task that owns the rank (``ddp_worker``), often ahead of time as a spare.
+Started by the Dask task that owns the rank (``ddp_worker``), often ahead of time as a spare;
+a search's gang trials reuse it for their next trial once a rank ends cleanly (:mod:`.pool`).
 It talks to that task over one socket (``multiprocessing.connection`` framing): it says
 ``ready`` once torch is imported, receives the rank's spec, reports the rendezvous port (rank
 0), checkpoints and progress, and finally a result or an error. It exits when its parent (the
@@ -266,41 +267,88 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
         del store
 
 
-def main(fd: int) -> None:
-    """Serve one rank over the inherited socket ``fd``."""
+class _Baseline:
+    """What a rank changes in its process (environment, working directory, import path),
+    taken while idle and put back after a trial, so a warm process serves the next one clean."""
+
+    def __init__(self) -> None:
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.path = list(sys.path)
+
+    def restore(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        sys.path[:] = self.path
+        progress.set_context(None)
+
+
+def _serve_one(spec: dict[str, Any], conn: Connection) -> bool:
+    """Run ``spec``'s rank and send its result or error; True when it ended cleanly."""
+    import cloudpickle
+
+    try:
+        value = _execute(spec, conn)
+    except BaseException as error:  # report everything, including SystemExit from scripts
+        if isinstance(error, SystemExit) and error.code in (None, 0):
+            conn.send(("result", cloudpickle.dumps(None)))
+            return False  # a script that exits expects its process to end
+        conn.send(
+            (
+                "error",
+                {
+                    "type": type(error).__name__,
+                    "message": str(error),
+                    "traceback": traceback.format_exc(),
+                    "time": getattr(error, "_clusterkit_failed_at", time.time()),
+                },
+            )
+        )
+        return False
+    conn.send(("result", cloudpickle.dumps(value)))
+    return True
+
+
+#: What a spare imports beyond torch before it says ``ready``: DistributedDataParallel's first
+#: construction imports torch._dynamo (sympy, inductor), seconds that would otherwise fall
+#: between the call and the first training step.
+SPARE_PRELOAD = ("torch.nn.parallel", "torch._dynamo", "torch.utils.data")
+
+
+def main(fd: int, preload: bool = False) -> None:
+    """Serve ranks over the inherited socket ``fd``: one, or one after another while each
+    ends cleanly and its spec asks for reuse (a search's gang trials). A spare (``preload``)
+    imports :data:`SPARE_PRELOAD` first."""
     import socket
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     conn = Connection(socket.socket(fileno=fd).detach())
-    import cloudpickle
+    import cloudpickle  # noqa: F401 - preloaded: this is what makes a spare fast
     import torch
-    import torch.distributed  # preload: this is what makes a spare fast
+    import torch.distributed
 
     from clusterkit.runners.workdir.once import recorded  # noqa: F401 - preloaded too
 
+    if preload:
+        import importlib
+
+        for name in SPARE_PRELOAD:
+            importlib.import_module(name)
+    baseline = _Baseline()
     conn.send(("ready", torch.__version__))  # no CUDA call: the layout is set per rank later
-    try:
-        spec = conn.recv()
-    except (EOFError, OSError):
-        return
-    try:
-        value = _execute(spec, conn)
-        conn.send(("result", cloudpickle.dumps(value)))
-    except BaseException as error:  # report everything, including SystemExit from scripts
-        if isinstance(error, SystemExit) and error.code in (None, 0):
-            conn.send(("result", cloudpickle.dumps(None)))
-        else:
-            conn.send(
-                (
-                    "error",
-                    {
-                        "type": type(error).__name__,
-                        "message": str(error),
-                        "traceback": traceback.format_exc(),
-                        "time": getattr(error, "_clusterkit_failed_at", time.time()),
-                    },
-                )
-            )
+    while True:
+        try:
+            spec = conn.recv()
+        except (EOFError, OSError):
+            break
+        if not (_serve_one(spec, conn) and spec.get("reuse")):
+            break
+        baseline.restore()
+        try:
+            conn.send(("ready", torch.__version__))
+        except OSError:  # not kept: the worker closed its end
+            break
     conn.close()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -308,4 +356,4 @@ def main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), preload="--preload" in sys.argv[2:])

@@ -2,28 +2,23 @@
 
 The task secedes from the worker's thread pool (ranks wait on each other, so holding a slot
 could deadlock two runs sharing a cluster), pauses the worker's statistical profiler while the
-rank runs, and drives a rank process (``ddp_rank``) over a socket. Each worker keeps one spare
-rank process with torch already imported, so a run on a cluster that is up starts in well
-under a second; the spare is replaced after each run, when the worker is idle.
+rank runs, and drives a rank process (``ddp_rank``) over a socket. The rank process comes
+ready from :mod:`.pool` (a spare with torch imported, or a warm one of the same search).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
-
-SPARE_ENV = "CLUSTERKIT_DDP_SPARES"  # "0" disables spare rank processes
+from clusterkit.runners.ddp import pool
+from clusterkit.runners.ddp.pool import RankProcess
 
 _lock = threading.Lock()
-_spares: list[RankProcess] = []
 _running: dict[str, list[subprocess.Popen[bytes]]] = {}
 _aborted: set[str] = set()
 _profiler_pauses = 0
@@ -44,59 +39,6 @@ class RankError(Exception):
         return f"rank {self.rank}: {self.kind}: {self.message}"
 
 
-class RankProcess:
-    """A rank process and our end of its socket; ``ready`` once it has imported torch."""
-
-    def __init__(self, threads: int) -> None:
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterkit.runners.ddp.rank", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-        theirs.close()
-        self.conn = Connection(ours.detach())
-        self.ready = False
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def check_ready(self) -> bool:
-        """Consume the ``ready`` message if it has arrived."""
-        if not self.ready and self.conn.poll(0):
-            message = self.conn.recv()
-            self.ready = message[0] == "ready"
-        return self.ready
-
-    def close(self) -> None:
-        self.conn.close()
-        if self.alive():
-            self.proc.kill()
-        self.proc.wait()
-
-
-def _threads(worker: Any) -> int:
-    return max(1, int(getattr(worker.state, "nthreads", 1)))
-
-
-def ensure_spare(worker: Any) -> None:
-    """Start a spare rank process on this worker unless one is there (or spares are off)."""
-    if os.environ.get(SPARE_ENV, "1") == "0":
-        return
-    with _lock:
-        _spares[:] = [r for r in _spares if r.alive()]
-        if not _spares:
-            _spares.append(RankProcess(_threads(worker)))
-
-
-def spare_ready() -> bool:
-    """Whether this worker's spare has imported torch (client.run helper for benchmarks)."""
-    with _lock:
-        return any(r.alive() and r.check_ready() for r in _spares)
-
-
 def interface_of(dask_worker: Any) -> str | None:
     """Name of the network interface carrying this worker's Dask address (client.run)."""
     import psutil
@@ -111,31 +53,6 @@ def interface_of(dask_worker: Any) -> str | None:
         if any(a.address == ip for a in addresses):
             return name
     return None
-
-
-def _take(threads: int) -> RankProcess:
-    with _lock:
-        while _spares:
-            spare = _spares.pop()
-            if spare.alive():
-                return spare
-            spare.close()
-    return RankProcess(threads)
-
-
-class SparePlugin(WorkerPlugin):
-    """Keeps a spare rank process on every worker, including workers that join later."""
-
-    name = "clusterkit-ddp-spares"
-
-    def setup(self, worker: Any) -> None:
-        ensure_spare(worker)
-
-    def teardown(self, worker: Any) -> None:
-        with _lock:
-            for spare in _spares:
-                spare.close()
-            _spares.clear()
 
 
 def abort(key: str) -> int:
@@ -327,27 +244,35 @@ def rank_task(spec: dict[str, Any]) -> bytes:
     secede()
     key = spec["key"]
     _set_profiler(worker, pause=True)
-    child = _take(spec["threads"])
-    proc = child.proc
+    child = pool.take(spec)
     with _lock:
-        _running.setdefault(key, []).append(proc)
+        _running.setdefault(key, []).append(child.proc)
+    kept = False
     try:
         spec["sys_path"] = list(sys.path)
         spec["workdir"] = _project_directory(spec.pop("project", None))
-        return _serve(spec, child)
+        result = _serve(spec, child)
+        kept = key not in _aborted and pool.keep_warm(spec, child, pool.threads_of(worker))
+        return result
     finally:
-        child.conn.close()
-        if proc.poll() is None:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if not kept:
+            _end(child)
         with _lock:
             procs = _running.get(key, [])
-            if proc in procs:
-                procs.remove(proc)
+            if child.proc in procs:
+                procs.remove(child.proc)
             if not procs:
                 _running.pop(key, None)
         _set_profiler(worker, pause=False)
-        ensure_spare(worker)
+        pool.ensure_spare(worker)
+
+
+def _end(child: RankProcess) -> None:
+    """Let a rank process that is done exit (bounded), else kill it."""
+    child.conn.close()
+    if child.proc.poll() is None:
+        try:
+            child.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()

@@ -1,0 +1,152 @@
+"""Rank processes kept ready on a worker: one spare, and warm ones a search reuses.
+
+A rank process imports torch before it is needed (a *spare*), so a run on a cluster that is up
+starts in well under a second; the spare is replaced after each run, when the worker is idle.
+A search's gang trials go further: a rank process that ended its trial cleanly is kept *warm*
+for the next trial of the same search (its objective's modules imported, its process group
+destroyed, its environment and working directory put back), so a trial starts without a new
+interpreter. Warm processes belong to one search (``reuse`` scope) and, for NCCL, to one GPU
+layout; a process that failed is never reused.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+SPARE_ENV = "CLUSTERKIT_DDP_SPARES"  # "0" disables spare rank processes
+REUSE_ENV = "CLUSTERKIT_DDP_REUSE"  # "0": every trial's ranks in fresh processes
+
+_lock = threading.Lock()
+_spares: list[RankProcess] = []
+_warm: dict[tuple[Any, ...], list[RankProcess]] = {}
+
+
+class RankProcess:
+    """A rank process and our end of its socket; ``ready`` once it waits for a spec. A spare
+    imports what a training's first steps need before it is ready (``rank.SPARE_PRELOAD``)."""
+
+    def __init__(self, threads: int, spare: bool = False) -> None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        argv = [sys.executable, "-m", "clusterkit.runners.ddp.rank", str(theirs.fileno())]
+        self.proc = subprocess.Popen(
+            [*argv, "--preload"] if spare else argv,
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.ready = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def check_ready(self) -> bool:
+        """Consume the ``ready`` message if it has arrived."""
+        if not self.ready and self.conn.poll(0):
+            message = self.conn.recv()
+            self.ready = message[0] == "ready"
+        return self.ready
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+
+
+def threads_of(worker: Any) -> int:
+    return max(1, int(getattr(worker.state, "nthreads", 1)))
+
+
+def ensure_spare(worker: Any) -> None:
+    """Start a spare rank process on this worker unless one is there (or spares are off)."""
+    if os.environ.get(SPARE_ENV, "1") == "0":
+        return
+    with _lock:
+        _spares[:] = [r for r in _spares if r.alive()]
+        if not _spares:
+            _spares.append(RankProcess(threads_of(worker), spare=True))
+
+
+def spare_ready() -> bool:
+    """Whether this worker's spare has imported torch (client.run helper for benchmarks)."""
+    with _lock:
+        return any(r.alive() and r.check_ready() for r in _spares)
+
+
+def warm_key(spec: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Which warm processes may serve ``spec``: same search, and for NCCL the same GPU layout
+    (CUDA reads it once per process); None when the spec does not reuse processes."""
+    scope = spec.get("reuse")
+    if scope is None or os.environ.get(REUSE_ENV, "1") == "0":
+        return None
+    layout = (spec["slot"], spec["local_rank"]) if spec["backend"] == "nccl" else None
+    return (scope, layout, spec["threads"])
+
+
+def take(spec: dict[str, Any]) -> RankProcess:
+    """A warm process for ``spec`` if one is idle, else the spare, else a new process."""
+    key = warm_key(spec)
+    with _lock:
+        for pool in (_warm.get(key, []) if key else [], _spares):
+            while pool:
+                process = pool.pop()
+                if process.alive():
+                    return process
+                process.close()
+    return RankProcess(spec["threads"])
+
+
+def keep_warm(spec: dict[str, Any], process: RankProcess, limit: int) -> bool:
+    """Keep ``process`` (whose rank ended cleanly) for the next trial of the same search; the
+    warm processes of other searches go. False when it is not kept (the caller ends it)."""
+    key = warm_key(spec)
+    if key is None or not process.alive():
+        return False
+    process.ready = False  # it says ``ready`` again once its state is put back
+    with _lock:
+        stale = [k for k in _warm if k[0] != key[0]]
+        gone = [p for k in stale for p in _warm.pop(k)]
+        pool = _warm.setdefault(key, [])
+        kept = len(pool) < limit
+        if kept:
+            pool.append(process)
+    for old in gone:
+        old.close()
+    return kept
+
+
+def release(scope: str) -> int:
+    """End the warm processes of search ``scope`` (client.run at the search's end)."""
+    with _lock:
+        gone = [p for k in [k for k in _warm if k[0] == scope] for p in _warm.pop(k)]
+    for process in gone:
+        process.close()
+    return len(gone)
+
+
+class SparePlugin(WorkerPlugin):
+    """Keeps a spare rank process on every worker, including workers that join later."""
+
+    name = "clusterkit-ddp-spares"
+
+    def setup(self, worker: Any) -> None:
+        ensure_spare(worker)
+
+    def teardown(self, worker: Any) -> None:
+        with _lock:
+            processes = [*_spares, *(p for pool in _warm.values() for p in pool)]
+            _spares.clear()
+            _warm.clear()
+        for process in processes:
+            process.close()
