@@ -17,9 +17,8 @@ import pytest
 
 from clusterkit.runners import hpo
 from clusterkit.runners.ddp.placement import Slot
-from clusterkit.runners.hpo import gangs
-from clusterkit.runners.hpo.gang_loop import ATTR_GANG
-from clusterkit.runners.hpo.inputs import ATTR_ATTEMPTS, ATTR_ERROR, ATTR_TIME
+from clusterkit.runners.hpo import gangs, timeline
+from clusterkit.runners.hpo.inputs import ATTR_ATTEMPTS, ATTR_ERROR, ATTR_GANG, ATTR_TIME
 
 pytestmark = pytest.mark.local
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -135,6 +134,11 @@ def test_two_gangs_of_two_run_side_by_side_with_the_same_params(client: object) 
     for a, b in pairs:  # gangs side by side never share a worker
         if _overlap(a, b):
             assert not set(a.user_attrs[ATTR_GANG]) & set(b.user_attrs[ATTR_GANG])
+    rows: dict[str, set[str]] = {}  # the report's timeline: each trial on both its workers
+    for bars in timeline.timeline_plotly(study).data:
+        for label, worker in zip(bars.text, bars.y, strict=True):
+            rows.setdefault(label, set()).add(worker)
+    assert rows == {f"#{t.number} (k=2)": set(t.user_attrs[ATTR_GANG]) for t in trials}
 
 
 def sized_objective(trial: optuna.Trial) -> float:
@@ -160,6 +164,51 @@ def test_mixed_sizes_from_a_function_finish_without_deadlock(client: object) -> 
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE"] * len(sizes)
     assert [len(t.user_attrs[ATTR_GANG]) for t in trials] == sizes
+
+
+def leaky_objective(trial: optuna.Trial) -> float:
+    """Leaves what scripts leave: a process group, an environment variable, another working
+    directory; records what it found on arrival."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    trial.suggest_int("i", 0, 100)
+    found = [os.getpid(), os.environ.get("CK_TEST_LEAK"), os.getcwd(), dist.is_initialized()]
+    dist.init_process_group("gloo")
+    dist.barrier()
+    os.environ["CK_TEST_LEAK"] = str(trial.number)
+    os.chdir(tempfile.gettempdir())
+    trial.set_user_attr("found", found)
+    return 0.0
+
+
+def _leaky_search(client: object) -> list[optuna.trial.FrozenTrial]:
+    study = _search(client, leaky_objective, 6, ranks_per_trial=2)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    for trial in trials:  # each trial starts clean, whichever process serves it
+        _, leak, cwd, initialised = trial.user_attrs["found"]
+        assert (leak, initialised) == (None, False), trial.user_attrs["found"]
+        assert cwd == trials[0].user_attrs["found"][2]
+    return trials
+
+
+def test_rank_processes_serve_the_next_trial_of_the_search_clean(client: object) -> None:
+    pids = [t.user_attrs["found"][0] for t in _leaky_search(client)]
+    assert len(set(pids)) < len(pids), f"no rank 0 process served two trials: {pids}"
+
+
+def _set_env(name: str, value: str) -> None:
+    os.environ[name] = value
+
+
+def test_without_reuse_every_trial_gets_new_rank_processes(client: object) -> None:
+    from clusterkit.runners.ddp.pool import REUSE_ENV
+
+    client.run(_set_env, REUSE_ENV, "0")  # type: ignore[attr-defined]
+    pids = [t.user_attrs["found"][0] for t in _leaky_search(client)]
+    assert len(set(pids)) == len(pids), f"a rank 0 process served two trials: {pids}"
 
 
 def failing_objective(trial: optuna.Trial, marker_dir: Path) -> float:

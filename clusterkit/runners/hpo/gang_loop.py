@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: user_attrs key: the workers a trial's gang held, in rank order.
-ATTR_GANG = "ck_gang"
 #: Seconds the ranks of a launch wait for rank 0's rendezvous port before the launch fails.
 RENDEZVOUS_TIMEOUT = 60.0
 
@@ -72,14 +71,22 @@ class GangLoop(SearchLoop):
         for frozen in self.study.get_trials(deepcopy=False):
             self.space.update(frozen.distributions)
         prepare(self.client)  # spare rank processes: a launch takes well under a second
+        self.janitor = ThreadPoolExecutor(1, thread_name_prefix="clusterkit-gang-cleanup")
         self.warnings = Collector(self.client, f"{self.topic}-warnings")
         self._set_layout(ddp_placement.live_workers(self.client))
 
     def loop(self) -> None:
+        from clusterkit.runners.ddp.pool import release
+
         try:
             super().loop()
         finally:
+            self.janitor.shutdown(wait=True)
             self.warnings.summary("ranks")
+            try:
+                self.client.run(release, self.topic, on_error="ignore")
+            except Exception as error:  # a cluster going away ends its processes anyway
+                logger.debug("releasing warm rank processes failed: %s", error)
 
     # ------------------------------------------------------------------ slots
 
@@ -213,6 +220,7 @@ class GangLoop(SearchLoop):
             checkpoint_dir=self.options.checkpoints_of(attempt.number),
             warnings_topic=self.warnings.topic,
             progress_topic=None,
+            reuse=self.topic,  # a rank process that ends cleanly serves this search's next trial
         )
         attempt.key, attempt.slots, attempt.futures = specs[0]["key"], slots, []
         attempt.launched_at, attempt.failed = time.monotonic(), False
@@ -263,11 +271,17 @@ class GangLoop(SearchLoop):
         futures, slots = attempt.futures, attempt.slots
         attempt.futures, attempt.slots = [], []
         run_id = f"{self.topic}-t{attempt.number}"
-        if self.options.checkpoint_dir is None:  # held by the scheduler: kept for a retry
-            attempt.checkpoint = last_checkpoint(self.client, run_id) or attempt.checkpoint
-        cleanup(self.client, run_id, attempt.starts + 1)
-        self.storage.set_trial_user_attr(attempt.trial_id, ATTR_GANG, [s.worker for s in slots])
-        if all(f.status == "finished" for f in futures):
+        succeeded = all(f.status == "finished" for f in futures)
+        if succeeded:  # its scheduler state goes off the loop's thread: the slots are free now
+            self.janitor.submit(cleanup, self.client, run_id, attempt.starts + 1)
+        else:  # before a retry saves again under the same names
+            if self.options.checkpoint_dir is None:  # held by the scheduler: kept for a retry
+                attempt.checkpoint = last_checkpoint(self.client, run_id) or attempt.checkpoint
+            cleanup(self.client, run_id, attempt.starts + 1)
+        self.storage.set_trial_user_attr(
+            attempt.trial_id, inputs.ATTR_GANG, [s.worker for s in slots]
+        )
+        if succeeded:
             import cloudpickle
 
             record = cloudpickle.loads(futures[0].result())
@@ -355,9 +369,9 @@ class GangLoop(SearchLoop):
 
     def _show(self) -> None:
         if self.display is not None:
-            running = self._running()
-            busy = sum(len(a.slots) for a in running)
-            self.display.update(self.study, len(running), busy, self.n_trials)
+            sizes = [len(a.slots) for a in self._running()]
+            head = self._gang(self.line[0]).size if self.line else None
+            self.display.update_gangs(self.study, self.n_trials, sizes, len(self.layout), head)
 
     def _watchdog(self) -> None:
         quiet = time.monotonic() - self._heard_at

@@ -21,6 +21,7 @@ ATTR_ATTEMPTS = "ck_attempts"
 ATTR_ERROR = "ck_error"
 ATTR_ORPHANED = "ck_orphaned"
 ATTR_RETRY_OF = "ck_retry_of"
+ATTR_GANG = "ck_gang"  # the workers a multi-rank trial held, in rank order
 
 
 def load_objective(target: str) -> Callable[..., Any]:

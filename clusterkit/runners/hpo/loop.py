@@ -190,6 +190,7 @@ class SearchLoop:
                 if time.monotonic() - self._reported_at > REPORT_EVERY:
                     self._report()
                 self.overhead += time.perf_counter() - began
+            self._show()  # the final state, not the last one shown while trials ran
         finally:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()

@@ -6,11 +6,13 @@ The folder holds ``trials.csv``, each plot as PNG and one offline ``report.html`
 from __future__ import annotations
 
 import logging
-import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from clusterkit.runners.hpo import inputs
+from clusterkit.runners.hpo.inputs import ATTR_GANG
+from clusterkit.runners.hpo.timeline import pyplot, timeline_matplotlib, timeline_plotly
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +62,37 @@ class ProgressDisplay:
         self.progress.start()
 
     def update(self, study: Any, running: int, busy: int, total: int) -> None:
+        """A single-rank search: trials running, workers busy."""
+        self._show(study, total, f"running {running}", f"workers busy {busy}")
+
+    def update_gangs(
+        self, study: Any, total: int, sizes: list[int], slots: int, next_size: int | None
+    ) -> None:
+        """A gang search: the running gangs' ``sizes``, the size of the trial first in line."""
+        self._show(study, total, *gang_occupancy(sizes, slots, next_size))
+
+    def _show(self, study: Any, total: int, running: str, load: str) -> None:
         counts = _counts(study)
-        done = sum(counts.values())
         detail = (
-            f"running {running} | failed {counts['FAIL']} | pruned {counts['PRUNED']} | "
-            f"best {_best_text(study)} | workers busy {busy}"
+            f"{running} | failed {counts['FAIL']} | pruned {counts['PRUNED']} | "
+            f"best {_best_text(study)} | {load}"
         )
-        self.progress.update(self.task, completed=done, total=total, detail=detail)
+        self.progress.update(self.task, completed=sum(counts.values()), total=total, detail=detail)
 
     def close(self) -> None:
         self.progress.stop()
+
+
+def gang_occupancy(sizes: list[int], slots: int, next_size: int | None) -> tuple[str, str]:
+    """How gangs hold the slots, the progress line's head and tail: ("gangs 3 running (4+2x1
+    ranks)", "slots 6/8 busy | next in line: k=4"); equal sizes are counted (2x1: two of 1)."""
+    counted = Counter(sizes)
+    terms = [f"{size}" if n == 1 else f"{n}x{size}" for size, n in sorted(counted.items())[::-1]]
+    ranks = f" ({'+'.join(terms)} ranks)" if terms else ""
+    load = f"slots {sum(sizes)}/{slots} busy"
+    if next_size is not None:
+        load += f" | next in line: k={next_size}"
+    return f"gangs {len(sizes)} running{ranks}", load
 
 
 def print_best(study: Any, top: int = 5) -> None:
@@ -118,7 +141,6 @@ HEADINGS = {
     "param_importances": "Parameter importances",
     "timeline": "Trials per worker",
 }
-_COLORS = {"COMPLETE": "#4c78a8", "PRUNED": "#f58518", "FAIL": "#e45756"}
 
 
 def write_results(study: Any, out: str | Path) -> Path:
@@ -153,7 +175,7 @@ def _optuna_plots(study: Any) -> dict[str, tuple[Any, Any]]:
     from optuna.exceptions import ExperimentalWarning
     from optuna.trial import TrialState
 
-    _pyplot()  # the Agg backend, before optuna's matplotlib module imports pyplot
+    pyplot()  # the Agg backend, before optuna's matplotlib module imports pyplot
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # optuna's matplotlib API
         from optuna.visualization import matplotlib as vis_mpl
@@ -181,21 +203,11 @@ def _optuna_plots(study: Any) -> dict[str, tuple[Any, Any]]:
     return plots
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    if "matplotlib.pyplot" not in sys.modules:
-        matplotlib.use("Agg")  # files only; no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save_png(figure: Any, path: Path) -> None:
     try:
         figure.savefig(path, dpi=110, bbox_inches="tight")  # "tight" keeps outside legends
     finally:
-        _pyplot().close(figure)
+        pyplot().close(figure)
 
 
 def report_html(study: Any, figures: dict[str, Any]) -> str:
@@ -218,6 +230,7 @@ def report_html(study: Any, figures: dict[str, Any]) -> str:
         f" best {html.escape(_best_text(study))}."
         ' Every trial: <a href="trials.csv">trials.csv</a>.</p>',
     ]
+    parts += _gangs_html(study)
     if not figures:
         parts.append("<p>No plot: no trial completed or recorded its worker.</p>")
     for index, (key, figure) in enumerate(figures.items()):
@@ -235,88 +248,32 @@ def report_html(study: Any, figures: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _timeline_rows(study: Any) -> list[tuple[str, float, float, int, str]]:
-    """(worker, start, end, number, state) of each trial that recorded where it ran."""
-    return [
-        (
-            t.user_attrs[inputs.ATTR_WORKER],
-            t.user_attrs[inputs.ATTR_TIME][0],
-            t.user_attrs[inputs.ATTR_TIME][1],
-            t.number,
-            t.state.name,
-        )
+def _gangs_html(study: Any) -> list[str]:
+    """In a gang search: how many trials of each size, and a folded table of the workers each
+    trial held (rank order); nothing otherwise."""
+    import html
+
+    held = [
+        (t.number, t.state.name.lower(), t.user_attrs[ATTR_GANG])
         for t in study.get_trials(deepcopy=False)
-        if inputs.ATTR_WORKER in t.user_attrs and inputs.ATTR_TIME in t.user_attrs
+        if t.user_attrs.get(ATTR_GANG)
     ]
-
-
-def _timeline_title(rows: list[tuple[str, float, float, int, str]]) -> str:
-    """The title, with the utilisation: busy time over (workers x wall time)."""
-    workers = {r[0] for r in rows}
-    busy = sum(r[2] - r[1] for r in rows)
-    span = max(max(r[2] for r in rows) - min(r[1] for r in rows), 1e-9)
-    return f"trials per worker: utilisation {busy / (len(workers) * span):.0%}"
-
-
-def timeline_plotly(study: Any) -> Any:
-    """Trials as bars per worker (the gaps are idle time), a plotly figure; None without rows."""
-    import plotly.graph_objects as go
-
-    rows = _timeline_rows(study)
-    if not rows:
-        return None
-    origin = min(r[1] for r in rows)
-    figure = go.Figure()
-    for state, color in _COLORS.items():
-        mine = [r for r in rows if r[4] == state]
-        if mine:
-            figure.add_bar(
-                y=[r[0] for r in mine],
-                x=[r[2] - r[1] for r in mine],
-                base=[r[1] - origin for r in mine],
-                orientation="h",
-                name=state.lower(),
-                marker_color=color,
-                text=[f"#{r[3]}" for r in mine],
-                hovertemplate="trial %{text}: %{base:.2f}s + %{x:.2f}s<extra></extra>",
-            )
-    workers = len({r[0] for r in rows})
-    figure.update_layout(
-        title=_timeline_title(rows),
-        xaxis_title="seconds",
-        barmode="overlay",
-        height=max(320, 160 + 40 * workers),
+    if not held:
+        return []
+    sizes = Counter(len(workers) for _, _, workers in held)
+    counts = ", ".join(f"{n} of k={k}" for k, n in sorted(sizes.items()))
+    rows = "".join(
+        f"<tr><td>#{number}</td><td>{len(workers)}</td><td>{state}</td>"
+        f"<td>{html.escape(', '.join(workers))}</td></tr>"
+        for number, state, workers in held
     )
-    return figure
-
-
-def timeline_matplotlib(study: Any) -> Any:
-    """The timeline as a matplotlib figure, its legend right of the axes; None without rows."""
-    from matplotlib.patches import Patch
-
-    rows = _timeline_rows(study)
-    if not rows:
-        return None
-    origin = min(r[1] for r in rows)
-    workers = sorted({r[0] for r in rows})
-    fig, axes = _pyplot().subplots(figsize=(10, 1 + 0.5 * len(workers)))
-    for row in rows:
-        axes.barh(
-            workers.index(row[0]),
-            row[2] - row[1],
-            left=row[1] - origin,
-            color=_COLORS.get(row[4], "#999999"),
-        )
-    axes.legend(
-        handles=[Patch(color=c, label=s.lower()) for s, c in _COLORS.items()],
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        borderaxespad=0.0,
-    )
-    axes.set_yticks(range(len(workers)), workers)
-    axes.set_xlabel("seconds")
-    axes.set_title(_timeline_title(rows))
-    return fig
+    return [
+        f"<p>Gangs of k ranks, a worker slot each: {len(held)} trials, {counts}."
+        " The timeline draws each trial on every worker it held.</p>",
+        "<details><summary>Workers held per trial</summary>"
+        '<table id="gangs"><tr><th>#</th><th>k</th><th>state</th><th>workers, rank order</th></tr>'
+        f"{rows}</table></details>",
+    ]
 
 
 def finish(study: Any, out: str | Path | None, progress: bool) -> None:
