@@ -209,3 +209,72 @@ def run_detached_contract(
     finally:
         down = cli("down", name)
     assert down.returncode == 0, down.stderr
+
+
+def gang_objective(trial: Any) -> float:
+    """Every rank: the same params, world size 2, an all_reduce; rank 0 records what each saw
+    (a mismatch raises on every rank, failing the trial)."""
+    import torch
+    import torch.distributed as dist
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    n = trial.suggest_int("n", 1, 1000)
+    dist.init_process_group("gloo")  # left initialised: the runner destroys it
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    mine = [x, n, dist.get_world_size(), int(total.item()), os.environ.get("WORLD_SIZE")]
+    seen: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, [*mine, os.environ.get("SLURM_JOB_ID"), os.getpid()])
+    if any(other[:5] != mine for other in seen):
+        raise ValueError(f"ranks disagree: {seen}")
+    trial.set_user_attr("seen", seen)
+    return x
+
+
+def _gang_search(client: Any, n_trials: int) -> Any:
+    import optuna
+
+    from clusterkit.runners import hpo
+
+    study = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(), sampler=optuna.samplers.RandomSampler(seed=5)
+    )
+    return hpo.run(
+        gang_objective,
+        n_trials=n_trials,
+        client=client,
+        study=study,
+        progress=False,
+        workdir=None,
+        ranks_per_trial=2,
+        max_retries=0,  # a rank that fails shows its error, not a retry
+    )
+
+
+def _assert_gangs_of_two(study: Any, n_trials: int) -> list[list[Any]]:
+    """Every trial COMPLETE, on two distinct workers, both ranks the same params and world size
+    2; the ranks' records (rank order) per trial."""
+    from clusterkit.runners.hpo.inputs import ATTR_GANG
+
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * n_trials, [
+        (t.state.name, t.user_attrs) for t in trials
+    ]
+    records = []
+    for trial in trials:
+        x, n = trial.params["x"], trial.params["n"]
+        seen = trial.user_attrs["seen"]
+        assert [r[:5] for r in seen] == [[x, n, 2, 2, "2"]] * 2, seen
+        assert trial.value == x
+        gang = trial.user_attrs[ATTR_GANG]
+        assert len(gang) == 2 and len(set(gang)) == 2, gang
+        records.append(seen)
+    return records
+
+
+def gang_search_contract(client: Any, n_trials: int = 4) -> list[list[Any]]:
+    """A search with ``ranks_per_trial=2`` (gloo): every trial COMPLETE on two distinct workers,
+    both ranks the same parameters and world size 2; what the ranks saw, per trial."""
+    with shipped_by_value():
+        study = _gang_search(client, n_trials)
+    return _assert_gangs_of_two(study, n_trials)

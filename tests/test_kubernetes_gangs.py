@@ -1,0 +1,32 @@
+"""Gang (multi-rank) trials on a Kubernetes cluster from the real dask-kubernetes operator (the
+emulator harness of tests/k8s): ``ranks_per_trial=2`` on two worker pods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusterkit import api
+from clusterkit.client import get_client
+from tests.contract import gang_search_contract
+from tests.test_kubernetes import Harness, clean, k8s, write_profile  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.kubernetes
+
+
+@pytest.mark.timeout(600)
+def test_gang_search_two_ranks_per_trial_on_two_pods(
+    clean: Harness,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    record = api.up(write_profile(tmp_path, "k8s-gangs", workers=2))
+    try:
+        with get_client(record.name) as client:
+            client.wait_for_workers(2, timeout=120)
+            ranks_seen = gang_search_contract(client)
+        for seen in ranks_seen:
+            pids = [rank[6] for rank in seen]
+            assert len(set(pids)) == 2, f"both ranks in one process: {pids}"
+    finally:
+        api.down(record.name)
