@@ -13,6 +13,15 @@ as-completed loop, wall and driver ms per trial): ``--zero 250 1000 2500 10000``
 trials, 2 single-thread workers); ``--slots 5000 4 64`` (256 slots, trials sleeping lognormal,
 mean 2 s, sigma 1, cap 20 s: makespan over the ideal asynchronous schedule, clusterkit then
 the hand loop on the same cluster).
+
+Cold start (issue #27): ``--cold 40 0.3 --reps 5``: each repetition starts a fresh LocalCluster
+of 2 single-thread workers (not timed), then times ``hpo.run`` from call to return on an
+objective imported from a small project directory (``workdir="auto"``: the project is handed
+to the workers, whose first trial imports the objective's module and optuna) against the ideal
+``n x t / slots``; utilisation = busy time (the trials' start-to-end on the workers) / (slots x
+makespan). ``--no-warm`` turns the runner's worker warm-up off (the baseline); ``--cold-ab``
+runs both, alternating per repetition (``--reference``: and a third side whose workers ran a
+search before, untimed: what a cold search should match).
 """
 
 from __future__ import annotations
@@ -322,6 +331,109 @@ def bench_slots(n: int, workers: int, threads: int, storage: str) -> None:
         )
 
 
+# ------------------------------------------------------------------ cold start (fresh workers)
+
+COLD_MODULE = """import time
+
+import numpy  # noqa: F401  (a typical objective's imports)
+import optuna
+{imports}
+SECONDS = {seconds!r}
+
+
+def objective(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -10.0, 10.0)
+    time.sleep(SECONDS)
+    return (x - 2.0) ** 2
+"""
+
+
+COLD_IMPORTS: list[str] = []  # --cold-imports: what else the objective's module imports
+
+SIDES = {
+    "warm-up": "cold workers, warm-up on",
+    "no-warm": "cold workers, no warm-up (baseline)",
+    "warmed-cluster": "warm workers (a search ran before; reference)",
+}
+
+
+def cold_once(n: int, seconds: float, side: str) -> tuple[float, float]:
+    """One fresh 2-worker cluster; (makespan / ideal, utilisation) of ``hpo.run`` on it.
+    ``warmed-cluster``: a 4-trial search runs first, untimed (what a cold search should match)."""
+    import importlib
+    import os
+    import sys
+    import tempfile
+
+    from distributed import Client, LocalCluster
+
+    from clusterkit.runners import hpo
+    from clusterkit.runners.hpo import inputs, warmup
+
+    top = tempfile.mkdtemp(prefix="hpo-cold-")
+    project = os.path.join(top, "project")
+    os.makedirs(project)
+    with open(os.path.join(project, "cold_objective.py"), "w") as handle:
+        imports = "".join(f"import {name}  # noqa: F401\n" for name in COLD_IMPORTS)
+        handle.write(COLD_MODULE.format(seconds=seconds, imports=imports))
+    here = os.getcwd()
+    os.chdir(project)
+    sys.path.insert(0, project)
+    sys.modules.pop("cold_objective", None)
+    module = importlib.import_module("cold_objective")
+    warmup.ENABLED = side != "no-warm"
+    options = {"client": None, "progress": False, "study_name": "cold"}
+    try:
+        with (
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                host="127.0.0.1",
+                dashboard_address=None,
+                **cluster_security(),
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            client.wait_for_workers(2)
+            options["client"] = client
+            if side == "warmed-cluster":
+                hpo.run(module.objective, n_trials=4, storage=os.path.join(top, "w.log"), **options)
+            started = time.perf_counter()
+            study = hpo.run(
+                module.objective, n_trials=n, storage=os.path.join(top, "s.log"), **options
+            )
+            makespan = time.perf_counter() - started
+    finally:
+        warmup.ENABLED = True
+        os.chdir(here)
+        sys.path.remove(project)
+    busy = 0.0
+    for trial in study.get_trials(deepcopy=False):
+        begin, end = trial.user_attrs[inputs.ATTR_TIME]
+        busy += end - begin
+    return makespan / (n * seconds / 2), busy / (2 * makespan)
+
+
+def bench_cold(n: int, seconds: float, reps: int, sides: list[str]) -> None:
+    """``reps`` searches per side, the sides' order rotating per repetition."""
+    found: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+    for rep in range(reps):
+        shift = rep % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            ratio, util = cold_once(n, seconds, side)
+            found[side].append((ratio, util))
+            print(f"rep={rep} {side}: ratio {ratio:.3f} utilisation {util:.3f}", flush=True)
+    print("\n| side | reps | makespan / ideal, median [min-max] | utilisation, median [min-max] |")
+    print("|---|---|---|---|")
+    for side, values in found.items():
+        ratios, utils = zip(*values, strict=True)
+        print(
+            f"| {SIDES[side]} | {len(values)} "
+            f"| {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}] "
+            f"| {statistics.median(utils):.3f} [{min(utils):.3f}-{max(utils):.3f}] |"
+        )
+
+
 # ------------------------------------------------------------------ driver
 
 
@@ -336,9 +448,28 @@ def main() -> None:
     parser.add_argument(
         "--protocol", default="tls", choices=["tls", "tcp"], help="tls: clusterkit's default"
     )
+    parser.add_argument("--cold", type=float, nargs="*", help="TRIALS SECONDS (40 0.3)")
+    parser.add_argument("--no-warm", action="store_true", help="--cold without the warm-up")
+    parser.add_argument("--cold-ab", action="store_true", help="--cold with and without it")
+    parser.add_argument("--reference", action="store_true", help="--cold-ab: and warm workers")
+    parser.add_argument(
+        "--cold-imports", nargs="*", default=[], help="--cold: modules the objective imports"
+    )
     args = parser.parse_args()
     PROTOCOL["name"] = args.protocol
     logging.getLogger("distributed").setLevel(logging.ERROR)
+    if args.cold is not None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        n, seconds = (int(args.cold[0]), args.cold[1]) if args.cold else (40, 0.3)
+        COLD_IMPORTS[:] = args.cold_imports
+        sides = (
+            ["warm-up", "no-warm"] if args.cold_ab else ["no-warm" if args.no_warm else "warm-up"]
+        )
+        sides += ["warmed-cluster"] if args.cold_ab and args.reference else []
+        bench_cold(n, seconds, args.reps, sides)
+        return
     if args.zero or args.slots:
         import optuna
 

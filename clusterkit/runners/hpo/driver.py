@@ -108,11 +108,14 @@ def _in_place(
 ) -> tuple[Any, GangOptions | None]:
     """The objective made to run in the project; with gangs, the project shipped for their
     ranks to enter, as the training runner's do (the objective itself is sent as it is)."""
+    from clusterkit.runners.hpo import warmup
     from clusterkit.runners.workdir import in_project, resolve, ship
 
-    if gang is None:
-        return in_project(client, objective, workdir), None
-    gang.project = resolve(workdir, objective)
+    project = resolve(workdir, objective)
+    if gang is None:  # the workers import while the project ships and the loop starts
+        warmup.start(client, objective, project)
+        return in_project(client, objective, project), None
+    gang.project = project
     if gang.project is not None:
         ship(client, gang.project)
     return objective, gang
@@ -148,6 +151,7 @@ def drive(
     """Run the loop to its end with the progress display, if asked for, open around it."""
     import cloudpickle
 
+    from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
 
     display = ProgressDisplay(n_trials) if progress else None
@@ -162,6 +166,7 @@ def drive(
     try:
         search.loop()
     finally:
+        warmup.stop(client)
         if display is not None:
             display.close()
         if hasattr(objective, "warnings_summary"):  # each warning once, with a count

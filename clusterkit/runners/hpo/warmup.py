@@ -1,0 +1,138 @@
+"""Warm the workers before their first trial: while the driver ships the project, opens the loop
+and samples, every worker imports the runner's worker side (optuna), the modules the objective's
+module imports and, once the project is in place there, that module itself.
+
+A worker plugin, registered without waiting for it (on the client's event loop): live workers
+run it at once and workers that join later when they start (after the project's own plugin has
+fetched the files: the warm-up waits for the project). Its setup starts a thread and returns, so
+neither the driver nor a worker's start waits; a trial that needs a module still being imported
+waits on Python's import lock, as it would have imported it itself. Only what is importable is
+warmed: an objective pickled by value (``__main__``, a notebook, a module registered by value)
+gets the runner's modules only. Errors are logged at debug level and dropped: the trial, which
+imports the same modules, reports the real one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import types
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+if TYPE_CHECKING:
+    from clusterkit.runners.workdir import Project
+
+logger = logging.getLogger(__name__)
+
+#: Off: the first trial on each worker pays the imports (bench/hpo.py --cold --no-warm).
+ENABLED = True
+#: Seconds the warm-up waits for the project on a worker before giving the module up.
+PROJECT_WAIT = 30.0
+RUNNER_MODULES = ("clusterkit.runners.hpo.worker", "clusterkit.runners.workdir")
+_names: dict[int, str] = {}  # id(client) -> the plugin this search registered
+
+
+class WarmPlugin(WorkerPlugin):
+    """Imports ``modules`` on the worker, then ``module`` inside ``project`` (if any)."""
+
+    def __init__(self, modules: list[str], module: str | None, project: Project | None) -> None:
+        self.modules = modules
+        self.module = module
+        self.project = project
+
+    def setup(self, worker: Any) -> None:
+        threading.Thread(target=self.warm, name="clusterkit-hpo-warmup", daemon=True).start()
+
+    def warm(self) -> None:
+        import importlib
+
+        for name in self.modules:
+            try:
+                importlib.import_module(name)
+            except BaseException as error:  # the trial reports it, if it matters
+                logger.debug("warm-up: importing %s failed: %r", name, error)
+        if self.module is None:
+            return
+        try:
+            if self.project is None:
+                importlib.import_module(self.module)
+                return
+            from clusterkit.runners.workdir import entered, tree
+
+            deadline = time.monotonic() + PROJECT_WAIT
+            while tree.locate(self.project) is None:  # a late worker: still fetching it
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.2)
+            with entered(self.project):
+                importlib.import_module(self.module)
+        except BaseException as error:
+            logger.debug("warm-up: importing %s failed: %r", self.module, error)
+
+
+def start(client: Any, objective: Any, project: Project | None) -> None:
+    """Register the warm-up for ``objective`` on the cluster, not waiting for it."""
+    if not ENABLED:
+        return
+    try:
+        plugin = WarmPlugin(*_modules(objective, project), project)
+        name = f"clusterkit-hpo-warmup-{uuid.uuid4().hex[:12]}"
+        client.loop.add_callback(_register, client, plugin, name)
+        _names[id(client)] = name
+    except Exception as error:  # never stop a search for its warm-up
+        logger.debug("warm-up not started: %r", error)
+
+
+def stop(client: Any) -> None:
+    """Unregister this search's warm-up (without waiting): later workers need not import it."""
+    name = _names.pop(id(client), None)
+    if name is not None:
+        client.loop.add_callback(_unregister, client, name)
+
+
+async def _register(client: Any, plugin: WarmPlugin, name: str) -> None:
+    try:
+        await client._register_worker_plugin(plugin, name, idempotent=False)
+    except Exception as error:
+        logger.debug("warm-up not registered: %r", error)
+
+
+async def _unregister(client: Any, name: str) -> None:
+    try:
+        await client._unregister_worker_plugin(name)
+    except Exception as error:  # gone with the cluster, or never registered
+        logger.debug("warm-up not unregistered: %r", error)
+
+
+def _modules(objective: Any, project: Project | None) -> tuple[list[str], str | None]:
+    """The modules to import first (the runner's, the objective module's own imports outside
+    the project), and the objective's module, or None when it travels by value."""
+    fn = getattr(objective, "func", objective)  # a functools.partial: its function
+    name = getattr(fn, "__module__", None) or type(fn).__module__
+    module = sys.modules.get(name)
+    if module is None or name in ("__main__", "__mp_main__") or _by_value(name):
+        return list(RUNNER_MODULES), None
+    if not getattr(module, "__file__", None):
+        return list(RUNNER_MODULES), None
+    inside = project.root + os.sep if project is not None else None
+    imported = sorted(
+        value.__name__
+        for value in vars(module).values()
+        if isinstance(value, types.ModuleType)
+        and value.__name__ not in ("__main__", "__mp_main__")
+        and not (inside and (getattr(value, "__file__", None) or "").startswith(inside))
+    )
+    return [*RUNNER_MODULES, *imported], name
+
+
+def _by_value(name: str) -> bool:
+    import cloudpickle
+
+    registered: set[str] = getattr(cloudpickle, "list_registry_pickle_by_value", set)()
+    return any(name == m or name.startswith(m + ".") for m in registered)
