@@ -178,7 +178,21 @@ def run_gangs(
     client.run(_set_reuse, "1")
     check(study, trials)
     launch, held = overheads(study)
+    if TIMELINE and rep == 0 and not fresh:
+        save_timeline(study, TIMELINE[0])
     return {"makespan": makespan, "launch": launch, "held": held}
+
+
+TIMELINE: list[str] = []  # --timeline PATH: the first gang search's timeline picture
+
+
+def save_timeline(study: Any, path: str) -> None:
+    """The search's timeline as report.html draws it: each trial on every worker it held."""
+    from clusterkit.runners.hpo.timeline import pyplot, timeline_matplotlib
+
+    figure = timeline_matplotlib(study)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot().close(figure)
 
 
 def _size(params: dict[str, Any]) -> int:
@@ -267,10 +281,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeline", help="save the first gang search's timeline PNG here")
     parser.add_argument(
         "--fresh-ranks", action="store_true", help="also run gangs without rank process reuse"
     )
     args = parser.parse_args()
+    TIMELINE[:] = [args.timeline] if args.timeline else []
 
     import optuna
 
