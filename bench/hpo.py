@@ -43,6 +43,19 @@ N_TRIALS = 60
 PROTOCOL = {"name": "tls"}
 
 
+def local_cluster(workers: int, threads: int = 1) -> Any:
+    """A LocalCluster on loopback under the chosen protocol, no dashboard."""
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=workers,
+        threads_per_worker=threads,
+        host="127.0.0.1",
+        dashboard_address=None,
+        **cluster_security(),
+    )
+
+
 def cluster_security() -> dict[str, Any]:
     """LocalCluster keywords for the chosen protocol (mutual TLS as clusterkit sets it up)."""
     if PROTOCOL["name"] != "tls":
@@ -257,16 +270,10 @@ def scale_hand_loop(client: Any, objective: Any, n: int) -> tuple[float, float]:
 
 def bench_zero(sizes: list[int]) -> None:
     """Zero-length trials on 2 single-thread workers, side by side per N."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            host="127.0.0.1",
-            dashboard_address=None,
-            **cluster_security(),
-        ) as cluster,
+        local_cluster(2) as cluster,
         Client(cluster) as client,
     ):
         client.wait_for_workers(2)
@@ -298,19 +305,13 @@ def lognormal_times(n: int, mean: float, cap: float, seed: int = 7) -> list[floa
 
 def bench_slots(n: int, workers: int, threads: int, storage: str) -> None:
     """Many slots: sleeping lognormal trials (mean 2 s, sigma 1, cap 20 s), makespan / ideal."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     times = lognormal_times(n, 2.0, 20.0)
     slots = workers * threads
     ideal = ideal_makespan(times, slots)
     with (
-        LocalCluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            host="127.0.0.1",
-            dashboard_address=None,
-            **cluster_security(),
-        ) as cluster,
+        local_cluster(workers, threads) as cluster,
         Client(cluster) as client,
     ):
         client.wait_for_workers(workers)
@@ -365,7 +366,7 @@ def cold_once(n: int, seconds: float, side: str) -> tuple[float, float]:
     import sys
     import tempfile
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from clusterkit.runners import hpo
     from clusterkit.runners.hpo import inputs, warmup
@@ -385,13 +386,7 @@ def cold_once(n: int, seconds: float, side: str) -> tuple[float, float]:
     options = {"client": None, "progress": False, "study_name": "cold"}
     try:
         with (
-            LocalCluster(
-                n_workers=2,
-                threads_per_worker=1,
-                host="127.0.0.1",
-                dashboard_address=None,
-                **cluster_security(),
-            ) as cluster,
+            local_cluster(2) as cluster,
             Client(cluster) as client,
         ):
             client.wait_for_workers(2)
@@ -481,7 +476,7 @@ def main() -> None:
         return
 
     import optuna
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -494,13 +489,7 @@ def main() -> None:
     rows = []
     for workers in args.workers:
         results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in methods}
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            host="127.0.0.1",
-            dashboard_address=None,
-            **cluster_security(),
-        )
+        cluster = local_cluster(workers)
         client = Client(cluster)
         try:
             client.wait_for_workers(workers)

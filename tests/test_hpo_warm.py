@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -83,19 +84,24 @@ def imported_on(client: distributed.Client, name: str, seconds: float = 30.0) ->
         time.sleep(0.1)
 
 
+def search(client: distributed.Client, module: Any, n_trials: int, tmp_path: Path) -> Any:
+    """``module.objective``'s search on ``client``, its study in a journal file."""
+    return hpo.run(
+        module.objective,
+        n_trials=n_trials,
+        client=client,
+        progress=False,
+        storage=str(tmp_path / "study.optuna.log"),
+        study_name=module.__name__,
+    )
+
+
 def test_every_worker_imports_the_objective_module_before_a_trial_runs_there(
     client: distributed.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     module = project_module(tmp_path, monkeypatch, "warm_good", GOOD)
     assert not any(client.run(lambda: "warm_good" in sys.modules).values())
-    study = hpo.run(
-        module.objective,
-        n_trials=1,
-        client=client,
-        progress=False,
-        storage=str(tmp_path / "study.optuna.log"),
-        study_name="warm",
-    )
+    study = search(client, module, 1, tmp_path)
     assert len(study.get_trials(states=[optuna.trial.TrialState.COMPLETE])) == 1
     found = imported_on(client, "warm_good")
     assert len(found) == 3 and all(found.values())  # two of them ran no trial
@@ -108,14 +114,7 @@ def test_no_warm_up_when_it_is_off(
 ) -> None:
     module = project_module(tmp_path, monkeypatch, "warm_off", GOOD)
     monkeypatch.setattr(warmup, "ENABLED", False)
-    hpo.run(
-        module.objective,
-        n_trials=1,
-        client=client,
-        progress=False,
-        storage=str(tmp_path / "study.optuna.log"),
-        study_name="off",
-    )
+    search(client, module, 1, tmp_path)
     time.sleep(1.0)
     found = client.run(lambda: "warm_off" in sys.modules)
     assert sorted(found.values()) == [False, False, True]  # only where the trial ran
@@ -125,14 +124,7 @@ def test_a_module_that_fails_on_the_workers_fails_its_trials_with_the_real_error
     client: distributed.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     module = project_module(tmp_path, monkeypatch, "warm_broken", BROKEN)
-    study = hpo.run(
-        module.objective,
-        n_trials=3,
-        client=client,
-        progress=False,
-        storage=str(tmp_path / "study.optuna.log"),
-        study_name="broken",
-    )
+    study = search(client, module, 3, tmp_path)
     trials = study.get_trials()
     assert len(trials) == 3
     assert {t.state for t in trials} == {optuna.trial.TrialState.FAIL}
@@ -157,14 +149,7 @@ def test_a_worker_that_joins_during_the_search_is_warmed_too(
 
     adder = threading.Thread(target=add_a_worker, daemon=True)
     adder.start()
-    hpo.run(
-        module.objective,
-        n_trials=3,
-        client=client,
-        progress=False,
-        storage=str(tmp_path / "study.optuna.log"),
-        study_name="late",
-    )
+    search(client, module, 3, tmp_path)
     adder.join(30)
     (late,) = set(client.scheduler_info()["workers"]) - before
     assert client.run(lambda: "warm_late" in sys.modules, workers=[late]) == {late: True}
