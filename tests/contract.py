@@ -272,9 +272,15 @@ def _assert_gangs_of_two(study: Any, n_trials: int) -> list[list[Any]]:
     return records
 
 
-def gang_search_contract(client: Any, n_trials: int = 4) -> list[list[Any]]:
-    """A search with ``ranks_per_trial=2`` (gloo): every trial COMPLETE on two distinct workers,
-    both ranks the same parameters and world size 2; what the ranks saw, per trial."""
-    with shipped_by_value():
-        study = _gang_search(client, n_trials)
+def gang_search_contract(profile: Any, n_trials: int = 4) -> list[list[Any]]:
+    """``up`` a 2-worker cluster from ``profile``, search with ``ranks_per_trial=2`` (gloo),
+    ``down``: every trial COMPLETE on two distinct workers, both ranks the same parameters and
+    world size 2; what the ranks saw, per trial."""
+    record = api.up(profile)
+    try:
+        with get_client(record.name) as client, shipped_by_value():
+            client.wait_for_workers(2, timeout=120)
+            study = _gang_search(client, n_trials)
+    finally:
+        api.down(record.name)
     return _assert_gangs_of_two(study, n_trials)

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from clusterkit import api
-from clusterkit.client import get_client
 from tests.contract import gang_search_contract
 from tests.test_kubernetes import Harness, clean, k8s, write_profile  # noqa: F401 - fixtures
 
@@ -20,13 +18,6 @@ def test_gang_search_two_ranks_per_trial_on_two_pods(
     clean: Harness,  # noqa: F811 - the fixture
     tmp_path: Path,
 ) -> None:
-    record = api.up(write_profile(tmp_path, "k8s-gangs", workers=2))
-    try:
-        with get_client(record.name) as client:
-            client.wait_for_workers(2, timeout=120)
-            ranks_seen = gang_search_contract(client)
-        for seen in ranks_seen:
-            pids = [rank[6] for rank in seen]
-            assert len(set(pids)) == 2, f"both ranks in one process: {pids}"
-    finally:
-        api.down(record.name)
+    for seen in gang_search_contract(write_profile(tmp_path, "k8s-gangs", workers=2)):
+        pids = [rank[6] for rank in seen]
+        assert len(set(pids)) == 2, f"both ranks in one process: {pids}"

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from clusterkit import api
-from clusterkit.client import get_client
 from tests import slurm as S
 from tests.contract import gang_search_contract
 from tests.test_slurm import empty_queue_after, profile_file  # noqa: F401 - fixture
@@ -17,13 +15,7 @@ pytestmark = pytest.mark.slurm
 
 @pytest.mark.timeout(300)
 def test_gang_search_two_ranks_per_trial_in_two_jobs(slurm: S.Slurm, tmp_path: Path) -> None:
-    record = api.up(profile_file(tmp_path, "gangs", workers=2, memory="2GiB"))
-    try:
-        with get_client(record.name) as client:
-            client.wait_for_workers(2, timeout=120)
-            ranks_seen = gang_search_contract(client)
-        for seen in ranks_seen:
-            jobs = [rank[5] for rank in seen]
-            assert None not in jobs and len(set(jobs)) == 2, f"a gang ran in one job: {jobs}"
-    finally:
-        api.down(record.name)
+    profile = profile_file(tmp_path, "gangs", workers=2, memory="2GiB")
+    for seen in gang_search_contract(profile):
+        jobs = [rank[5] for rank in seen]
+        assert None not in jobs and len(set(jobs)) == 2, f"a gang ran in one job: {jobs}"
