@@ -284,12 +284,13 @@ LOCAL_CASES = [
     (
         "local-cuda",
         {
+            "rmm_async": True,  # dask-cuda: rmm_release_threshold requires rmm_async
             "cuda": {
                 "rmm_maximum_pool_size": "40GB",
                 "rmm_release_threshold": "30GB",
                 "pre_import": ["json"],
                 "log_spilling": True,
-            }
+            },
         },
     ),
 ]
@@ -309,6 +310,47 @@ def test_local_cluster_keywords_exist(case: tuple[str, dict[str, Any]], tmp_path
     if kwargs.get("scheduler_kwargs"):
         scheduler = accepted_keywords(*forwarding_chain("distributed.Scheduler"))
         assert set(kwargs["scheduler_kwargs"]) <= scheduler
+
+
+CUDA_CASES = [c for c in LOCAL_CASES if c[0] == "local-cuda"]
+
+
+@pytest.mark.parametrize(
+    "case", CUDA_CASES, ids=[f"local-cuda-{i}" for i in range(len(CUDA_CASES))]
+)
+def test_local_cuda_values_pass_dask_cudas_own_checks(
+    case: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """LocalCUDACluster itself validates the values (protocol, UCX switches, RMM sizes) before
+    its first GPU query; built without starting, it must get that far. (A GPU run found
+    ``protocol="ucx://"`` refused by dask-cuda's own check, which a keyword check cannot see.)"""
+    import asyncio
+    import contextlib
+
+    import pynvml
+    from dask_cuda import LocalCUDACluster
+
+    from clusterkit.backends.local import gpu_inventory
+
+    backend, extra = case
+    text = rendered(tmp_path, backend, {"backend": backend, **extra})
+    kwargs = json.loads(text.split("(**", 1)[1].rsplit(")", 1)[0])
+    kwargs.pop("security", None)  # rendered as a description; not checked at construction
+    kwargs.pop("enable_cudf_spill", None)  # imports cudf, which is not installed here
+    # what dask-cuda would otherwise ask NVML for; an explicit value is checked all the same
+    kwargs.setdefault("CUDA_VISIBLE_DEVICES", [0])
+    gpus, _ = gpu_inventory()
+    if gpus:  # on a GPU machine dask-cuda queries the devices named: name only ones present
+        kwargs["CUDA_VISIBLE_DEVICES"] = kwargs["CUDA_VISIBLE_DEVICES"][: len(gpus)]
+    kwargs.update(device_memory_limit=2**30, memory_limit=2**30)
+
+    async def construct() -> None:
+        cluster = LocalCUDACluster(**kwargs, asynchronous=True)  # not started
+        await cluster.close()
+
+    # NVMLError: the first GPU query (the worker spec's device memory); every check before passed
+    with contextlib.suppress(pynvml.NVMLError):
+        asyncio.run(construct())
 
 
 def test_the_old_local_cuda_keyword_is_refused() -> None:
@@ -404,6 +446,7 @@ def test_kubernetes_manifest_commands_parse(case: tuple[str, int], tmp_path: Pat
 
 CUDA_OPTIONS = {
     "rmm_maximum_pool_size": "40GB",
+    "rmm_async": True,  # dask-cuda: rmm_release_threshold requires rmm_async
     "rmm_release_threshold": "30GB",
     "pre_import": ["json", "math"],
     "rmm_track_allocations": True,

@@ -51,7 +51,7 @@ def client() -> Iterator[distributed.Client]:
 def all_reduce_fn(ctx, scale: float, offset: float = 0.0) -> dict:
     import torch.distributed as dist
 
-    value = torch.tensor([scale * (ctx.rank + 1) + offset])
+    value = torch.tensor([scale * (ctx.rank + 1) + offset], device=ctx.device)  # NCCL: on its GPU
     dist.all_reduce(value)
     env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     return {

@@ -266,6 +266,10 @@ def test_help_imports_no_heavy_library() -> None:
          "'forkserver'."),
         ("backend: local\ncuda: {pre_import: [json]}\n",
          "p.yaml:1: cuda options need GPU workers (worker.gpus: 1)"),
+        ("backend: local-cuda\ncuda: {rmm_release_threshold: 30GB}\n",
+         "p.yaml:1: cuda.rmm_release_threshold needs rmm_async: true (dask-cuda's rule)"),
+        ("backend: slurm\nworker: {gpus: 1}\ncuda: {rmm_release_threshold: 30GB}\n",
+         "p.yaml:1: cuda.rmm_release_threshold needs rmm_async: true (dask-cuda's rule)"),
         ("backend: local-cuda\nrmm_maximum_pool_size: 4GB\n",
          "p.yaml:2: rmm_maximum_pool_size: unknown field (a dask-cuda option: write it under "
          "`cuda:` (rmm_maximum_pool_size: ...))"),

@@ -163,6 +163,7 @@ class LocalCUDABackend(Backend):
         if profile.workers is None:
             kwargs.pop("n_workers", None)
         kwargs.update(
+            protocol=security.scheme,  # dask-cuda checks the bare name ("ucx", not "ucx://")
             CUDA_VISIBLE_DEVICES=profile.devices,
             rmm_pool_size=profile.rmm_pool_size,
             rmm_managed_memory=profile.rmm_managed_memory,

@@ -203,6 +203,14 @@ class ClusterProfile(ProfileCommon):
         return self
 
     @model_validator(mode="after")
+    def _release_threshold_needs_async(self) -> ClusterProfile:
+        """dask-cuda's own rule, refused only once the workers start (on the GPU machine)."""
+        threshold = self.cuda.get("rmm_release_threshold") is not None
+        if threshold and not (self.cuda.get("rmm_async") or getattr(self, "rmm_async", False)):
+            raise ValueError("cuda.rmm_release_threshold needs rmm_async: true (dask-cuda's rule)")
+        return self
+
+    @model_validator(mode="after")
     def _adapt_within_ceiling(self) -> ClusterProfile:
         if self.adapt and self.adapt.maximum < self.workers:
             raise ValueError(
