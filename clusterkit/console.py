@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,6 +38,14 @@ def err() -> Console:
 
         _stderr = Console(stderr=True, highlight=False, soft_wrap=True)
     return _stderr
+
+
+@contextlib.contextmanager
+def spinner(text: str) -> Iterator[None]:
+    """A status spinner on stderr, built only once entered (``up`` forks before that: rich's
+    import and thread must not come first)."""
+    with err().status(text):
+        yield
 
 
 def print_error(error: ClusterkitError) -> None:

@@ -188,6 +188,26 @@ def test_cli_up_failure_exit_1_with_stderr_tail(tmp_path: Path) -> None:
     assert "ck_missing_mod" in done.stderr and "Traceback" not in done.stderr.splitlines()[0]
 
 
+def test_cli_up_of_an_invalid_profile_exits_2_and_its_early_supervisor_ends(
+    tmp_path: Path,
+) -> None:
+    """`up` forks its supervisor before it reads the profile; a profile that fails validation
+    must still leave nothing: exit 2, one line, and the forked daemon gone once its imports
+    are done (never started anything: no record, no cluster directory)."""
+    from tests.conftest import token_processes, wait_gone
+
+    path = profile_file(tmp_path, "backend: local\nworkers: many\n", "invalid")
+    before = token_processes()
+    done = subprocess.run([sys.executable, "-m", "clusterkit", "up", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "workers" in done.stderr
+    assert wait_gone(before, seconds=30) == set()
+    assert state.read_record("invalid") is None
+    assert not (state.clusters_dir() / "invalid").exists()
+
+
 def test_cli_lifecycle(tmp_path: Path) -> None:
     path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "clitest")
 

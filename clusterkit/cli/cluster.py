@@ -30,10 +30,8 @@ def up(
     from clusterkit import api, console
     from clusterkit.security import exposure
 
-    # the spinner (a thread) starts only once the supervisor is forked
-    record = api.up(
-        profile, name=name, waiting=console.err().status(f"starting '{name or profile}'...")
-    )
+    # the spinner (rich, and a thread) starts only once the supervisor is forked
+    record = api.up(profile, name=name, waiting=console.spinner(f"starting '{name or profile}'..."))
     console.message(f"[green]up[/green] {record.name}: {record.address}")
     notice = exposure(record.security.get("protocol", "tcp"), record.address)
     if notice:
