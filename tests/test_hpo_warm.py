@@ -153,3 +153,45 @@ def test_a_worker_that_joins_during_the_search_is_warmed_too(
     adder.join(30)
     (late,) = set(client.scheduler_info()["workers"]) - before
     assert client.run(lambda: "warm_late" in sys.modules, workers=[late]) == {late: True}
+
+
+def warm_ups(client: distributed.Client, seconds: float = 30.0) -> list[str]:
+    """The warm-up plugins still registered on the scheduler; waits (stop does not block)."""
+
+    def names(dask_scheduler: Any) -> list[str]:
+        return [n for n in dask_scheduler.worker_plugins if n.startswith("clusterkit-hpo-warmup")]
+
+    deadline = time.monotonic() + seconds
+    while (left := client.run_on_scheduler(names)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_two_searches_at_once_on_one_client_each_unregister_their_warm_up(
+    client: distributed.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = GOOD.replace("    return", "    import time\n\n    time.sleep(1.0)\n    return")
+    module = project_module(tmp_path, monkeypatch, "warm_twice", slow)
+    studies: dict[str, optuna.Study] = {}
+
+    def one(name: str) -> None:
+        studies[name] = hpo.run(
+            module.objective,
+            n_trials=2,
+            client=client,
+            progress=False,
+            storage=str(tmp_path / f"{name}.optuna.log"),
+            study_name=name,
+        )
+
+    import threading
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(studies) == ["a", "b"]
+    for study in studies.values():
+        assert len(study.get_trials(states=[optuna.trial.TrialState.COMPLETE])) == 2
+    assert warm_ups(client) == []

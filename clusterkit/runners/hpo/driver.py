@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import optuna
     from distributed import Client
 
+    from clusterkit.runners.hpo.warmup import Warmup
+
 #: Figures of the last :func:`run` in this process (driver seconds spent per event), for bench/.
 LAST_RUN_STATS: dict[str, float] = {}
 
@@ -86,11 +88,11 @@ def run(
         study = inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
     client = client if client is not None else _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
-    objective, gang = _in_place(client, objective, workdir, gangs_of)
+    objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
     _check_workers(client, resources)
     inputs.recover_orphans(study)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
-    search = drive(study, client, objective, *settings)
+    search = drive(study, client, objective, *settings, warm=warm)
     LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)
     report.finish(study, out, progress)
     return study
@@ -105,20 +107,21 @@ def _check_workers(client: Client, resources: Mapping[str, float] | None) -> Non
 
 def _in_place(
     client: Client, objective: Any, workdir: Any, gang: GangOptions | None
-) -> tuple[Any, GangOptions | None]:
+) -> tuple[Any, GangOptions | None, Warmup | None]:
     """The objective made to run in the project; with gangs, the project shipped for their
-    ranks to enter, as the training runner's do (the objective itself is sent as it is)."""
+    ranks to enter, as the training runner's do (the objective itself is sent as it is); the
+    warm-up started, if any."""
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.workdir import in_project, resolve, ship
 
     project = resolve(workdir, objective)
     if gang is None:  # the workers import while the project ships and the loop starts
-        warmup.start(client, objective, project)
-        return in_project(client, objective, project), None
+        warm = warmup.start(client, objective, project)
+        return in_project(client, objective, project), None, warm
     gang.project = project
     if gang.project is not None:
         ship(client, gang.project)
-    return objective, gang
+    return objective, gang, None
 
 
 def _absolute(url: str | None) -> str | None:
@@ -147,8 +150,10 @@ def drive(
     timeout: float | None,
     progress: bool,
     gang: GangOptions | None = None,
+    warm: Warmup | None = None,
 ) -> SearchLoop:
-    """Run the loop to its end with the progress display, if asked for, open around it."""
+    """Run the loop to its end with the progress display, if asked for, open around it;
+    ``warm``, the search's warm-up, unregistered once it ends."""
     import cloudpickle
 
     from clusterkit.runners.hpo import warmup
@@ -166,7 +171,7 @@ def drive(
     try:
         search.loop()
     finally:
-        warmup.stop(client)
+        warmup.stop(warm)
         if display is not None:
             display.close()
         if hasattr(objective, "warnings_summary"):  # each warning once, with a count

@@ -9,11 +9,13 @@ neither the driver nor a worker's start waits; a trial that needs a module still
 waits on Python's import lock, as it would have imported it itself. Only what is importable is
 warmed: an objective pickled by value (``__main__``, a notebook, a module registered by value)
 gets the runner's modules only. Errors are logged at debug level and dropped: the trial, which
-imports the same modules, reports the real one.
+imports the same modules, reports the real one. :func:`start` returns the search's
+:class:`Warmup`, which :func:`stop` unregisters: searches sharing a client each stop their own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -21,6 +23,8 @@ import threading
 import time
 import types
 import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -35,7 +39,6 @@ ENABLED = True
 #: Seconds the warm-up waits for the project on a worker before giving the module up.
 PROJECT_WAIT = 30.0
 RUNNER_MODULES = ("clusterkit.runners.hpo.worker", "clusterkit.runners.workdir")
-_names: dict[int, str] = {}  # id(client) -> the plugin this search registered
 
 
 class WarmPlugin(WorkerPlugin):
@@ -76,37 +79,55 @@ class WarmPlugin(WorkerPlugin):
             logger.debug("warm-up: importing %s failed: %r", self.module, error)
 
 
-def start(client: Any, objective: Any, project: Project | None) -> None:
+@dataclass(frozen=True)
+class Warmup:
+    """One search's warm-up plugin: registered under ``name``, until :func:`stop`."""
+
+    client: Any
+    name: str
+    #: Set on the client's loop once registration is over: True if it succeeded.
+    registered: Future[bool] = field(default_factory=Future)
+
+
+def start(client: Any, objective: Any, project: Project | None) -> Warmup | None:
     """Register the warm-up for ``objective`` on the cluster, not waiting for it."""
     if not ENABLED:
-        return
+        return None
     try:
         plugin = WarmPlugin(*_modules(objective, project), project)
-        name = f"clusterkit-hpo-warmup-{uuid.uuid4().hex[:12]}"
-        client.loop.add_callback(_register, client, plugin, name)
-        _names[id(client)] = name
+        warm = Warmup(client, f"clusterkit-hpo-warmup-{uuid.uuid4().hex[:12]}")
+        client.loop.add_callback(_register, warm, plugin)
+        return warm
     except Exception as error:  # never stop a search for its warm-up
         logger.debug("warm-up not started: %r", error)
+        return None
 
 
-def stop(client: Any) -> None:
-    """Unregister this search's warm-up (without waiting): later workers need not import it."""
-    name = _names.pop(id(client), None)
-    if name is not None:
-        client.loop.add_callback(_unregister, client, name)
-
-
-async def _register(client: Any, plugin: WarmPlugin, name: str) -> None:
-    try:
-        await client._register_worker_plugin(plugin, name, idempotent=False)
+def stop(warm: Warmup | None) -> None:
+    """Unregister this warm-up (without waiting): later workers need not import it."""
+    if warm is None:
+        return
+    try:  # a closed client's loop drops the callback, or is gone
+        warm.client.loop.add_callback(_unregister, warm)
     except Exception as error:
+        logger.debug("warm-up not unregistered: %r", error)
+
+
+# Run on the client's event loop, where its public methods return coroutines instead of blocking.
+async def _register(warm: Warmup, plugin: WarmPlugin) -> None:
+    try:
+        await warm.client.register_plugin(plugin, warm.name)
+        warm.registered.set_result(True)
+    except Exception as error:
+        warm.registered.set_result(False)
         logger.debug("warm-up not registered: %r", error)
 
 
-async def _unregister(client: Any, name: str) -> None:
-    try:
-        await client._unregister_worker_plugin(name)
-    except Exception as error:  # gone with the cluster, or never registered
+async def _unregister(warm: Warmup) -> None:
+    try:  # after the registration: the scheduler may not have it yet
+        if await asyncio.wrap_future(warm.registered):
+            await warm.client.unregister_worker_plugin(warm.name)
+    except Exception as error:  # gone with the cluster or the client
         logger.debug("warm-up not unregistered: %r", error)
 
 
