@@ -6,24 +6,25 @@ How a cluster starts lives in ``lifecycle``; how processes are spawned and stopp
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from clusterkit import monitor, state
-from clusterkit.backends.base import Capability, backend_for, check_capabilities, get_backend
+from clusterkit.backends.base import check_capabilities, get_backend
 from clusterkit.client import connect
-from clusterkit.errors import BadInput, ClusterExists, ClusterNotFound, ClusterStartError
+from clusterkit.errors import BadInput, ClusterNotFound, ClusterStartError
 from clusterkit.lifecycle import reap
+from clusterkit.lifecycle.up import up
 from clusterkit.monitor import scheduler_identity
 from clusterkit.searchpath import check_name
 from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
 
 if TYPE_CHECKING:
-    from clusterkit.lifecycle.early import EarlySupervisor
     from clusterkit.schema import ProfileCommon
+
+__all__ = ["up"]  # the lifecycle verbs: up lives with the start machinery, the rest here
 
 DOWN_TIMEOUT = 30.0
 DEAD = "dead: its supervisor or owner is gone (`clusterkit down NAME` removes what is left)"
@@ -42,101 +43,6 @@ def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
     elif profile.protocol == "ucx":
         security = prepare(profile, None)
     return backend.render(profile, security)
-
-
-def up(
-    profile_ref: str | os.PathLike[str] | ProfileCommon | None = None,
-    *,
-    name: str | None = None,
-    waiting: contextlib.AbstractContextManager[Any] | None = None,
-) -> ClusterRecord:
-    """Start a cluster that outlives this process and return its record.
-
-    A detached supervisor owns the cluster (a DETACHED backend, Kubernetes, needs none: the
-    cluster lives in the API server). Raises ClusterExists if ``name`` is already up, and
-    ClusterStartError with evidence if the workers do not arrive in time; then nothing is
-    left running. ``waiting`` (e.g. a spinner) is entered while the cluster starts.
-    """
-    from clusterkit.lifecycle import early
-
-    daemon = early.take()  # forked first: it imports what it needs while this process validates
-    try:
-        return _up(profile_ref, name, waiting, daemon)
-    finally:
-        if daemon is not None:
-            daemon.cancel()  # no-op once it was handed its cluster
-
-
-def _up(
-    profile_ref: str | os.PathLike[str] | ProfileCommon | None,
-    name: str | None,
-    waiting: contextlib.AbstractContextManager[Any] | None,
-    daemon: EarlySupervisor | None,
-) -> ClusterRecord:
-    from clusterkit.profiles import load_profile  # here: `ls`, `down`, `status` load none
-
-    profile = load_profile(profile_ref)
-    name = name or profile.name
-    check_name(name)
-    backend = backend_for(profile)
-    if Capability.ATTACH_ONLY in backend.CAPABILITIES:
-        raise BadInput(
-            f"profile '{profile.name}' attaches to a running scheduler; there is nothing to start",
-            hint=f"use get_client('{profile.name}') or `clusterkit status` on the owner's side",
-        )
-    with state.starting(name):
-        existing = state.read_record(name)
-        if existing is not None:
-            if state.is_live(existing):
-                raise ClusterExists(
-                    f"cluster '{name}' is already up at {existing.address}",
-                    hint=f"`clusterkit down {name}` first, or pick another --name",
-                )
-            reap.reap_held(existing)  # a dead cluster of this name: reap what it left first
-        try:
-            state.check_space(state.cluster_dir(name))
-            waiting = waiting or contextlib.nullcontext()
-            if Capability.DETACHED in backend.CAPABILITIES:
-                with waiting:
-                    return _up_detached(profile, name)
-            if daemon is not None:
-                return daemon.launch(profile, name, state.cluster_dir(name), waiting)
-            from clusterkit.lifecycle import spawn
-
-            spawn.preimport(backend)
-            return spawn.supervise(profile, name, state.cluster_dir(name), waiting)
-        except BaseException:
-            leftover = state.read_record(name)
-            if leftover is not None and leftover.starting:
-                reap.unclaimed(leftover)
-            if leftover is None or leftover.starting:
-                state.remove_cluster(name)
-            raise
-
-
-def _up_detached(profile: ProfileCommon, name: str) -> ClusterRecord:
-    """Start a cluster that lives in its own API server: record it, let go of the handle.
-
-    A claim is recorded first, so that an `up` killed mid-start leaves a dead record that
-    `down` tears down, not resources no command knows of."""
-    from clusterkit.lifecycle.start import Claim, start_cluster
-
-    claim = Claim(profile, name)
-    try:
-        started = start_cluster(
-            profile, name=name, security_dir=state.cluster_dir(name), claim=claim
-        )
-    except BaseException:
-        claim.withdraw()
-        raise
-    try:
-        record = started.record(pid=None)
-        state.write_record(record)
-    except BaseException:
-        started.close()
-        raise
-    started.release()
-    return record
 
 
 def get_record(name: str) -> ClusterRecord:
