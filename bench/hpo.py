@@ -303,9 +303,17 @@ def lognormal_times(n: int, mean: float, cap: float, seed: int = 7) -> list[floa
     return [min(cap, float(d)) for d in rng.lognormal(mu, 1.0, n)]
 
 
-def bench_slots(n: int, workers: int, threads: int, storage: str) -> None:
-    """Many slots: sleeping lognormal trials (mean 2 s, sigma 1, cap 20 s), makespan / ideal."""
+def old_window(log: Any, slots: int) -> None:
+    """The change log's window before issue 27 (2 x slots + 64 entries), for --window-ab."""
+    log.window = 2 * slots + 64
+
+
+def bench_slots(n: int, workers: int, threads: int, storage: str, window_ab: bool = False) -> None:
+    """Many slots: sleeping lognormal trials (mean 2 s, sigma 1, cap 20 s), makespan / ideal.
+    ``window_ab``: also clusterkit with the change log's old window, in the same run."""
     from distributed import Client
+
+    from clusterkit.runners.hpo.changelog import ChangeLog
 
     times = lognormal_times(n, 2.0, 20.0)
     slots = workers * threads
@@ -321,6 +329,13 @@ def bench_slots(n: int, workers: int, threads: int, storage: str) -> None:
             "clusterkit": scale_clusterkit(client, objective, n, storage),
             "hand loop": scale_hand_loop(client, objective, n),
         }
+        if window_ab:
+            resize = ChangeLog.resize
+            ChangeLog.resize = old_window  # type: ignore[method-assign]
+            try:
+                sides["clusterkit, old window"] = scale_clusterkit(client, objective, n, storage)
+            finally:
+                ChangeLog.resize = resize  # type: ignore[method-assign]
     print("| slots | trials | side | makespan s | ideal s | ratio | driver ms/trial |")
     print("|---|---|---|---|---|---|---|")
     for side, (per_trial, driver) in sides.items():
@@ -439,6 +454,7 @@ def main() -> None:
     parser.add_argument("--skopt-reps", type=int, default=1, help="repetitions of skopt (slow)")
     parser.add_argument("--zero", type=int, nargs="*", help="zero-length trial counts to run")
     parser.add_argument("--slots", type=int, nargs="*", help="TRIALS WORKERS THREADS")
+    parser.add_argument("--window-ab", action="store_true", help="--slots: and the old window")
     parser.add_argument("--storage", default="journal", choices=["journal", "memory"])
     parser.add_argument(
         "--protocol", default="tls", choices=["tls", "tcp"], help="tls: clusterkit's default"
@@ -472,7 +488,7 @@ def main() -> None:
         if args.zero:
             bench_zero(args.zero)
         if args.slots:
-            bench_slots(*args.slots, storage=args.storage)
+            bench_slots(*args.slots, storage=args.storage, window_ab=args.window_ab)
         return
 
     import optuna

@@ -266,3 +266,23 @@ def test_killed_driver_loses_no_answered_pruning_question(tmp_path: Path) -> Non
     for number, step in answered:
         assert trials[number].intermediate_values.get(step) == trials[number].params["x"] + step
     assert not [t for t in trials.values() if t.user_attrs.get(ATTR_ORPHANED)]
+
+
+@pytest.mark.unit
+def test_a_task_carries_a_bounded_delta_however_stale_the_acknowledgements() -> None:
+    """The ceiling at high concurrency: acknowledgements reach the driver seconds late when
+    1,024 slots share two cores, and a delta from the oldest of them carried ~1,300 entries
+    (0.5 MB) per task. A mirror is in fact a few entries behind (its worker starts a task every
+    few ms), so a task carries a window that grows slowly with the slots; a mirror further
+    behind says it is stale and gets the base."""
+    log = changelog.ChangeLog(None, [], 1024)  # type: ignore[arg-type]
+    for number in range(3000):
+        log.add(_trial(number))
+    log.set_live({"w0", "w1"})
+    log.ack("w0", 900)  # acknowledged long ago
+    log.ack("w1", 2990)
+    since, entries = pickle.loads(log.delta()[0])
+    assert len(entries) == log.window == 64 + 1024 // 16
+    assert since + len(entries) == 3000
+    small = changelog.ChangeLog(None, [], 4)  # type: ignore[arg-type]
+    assert small.window == 64

@@ -53,7 +53,12 @@ class ChangeLog:
         self._held: list[Future] = []
 
     def resize(self, slots: int) -> None:
-        self.window = 2 * slots + 64
+        # Not 2 x slots, the worst case: acknowledgements lag by the task's round trip, which
+        # grows with the load, while a busy worker's mirror is only the entries of a few ms
+        # behind. A window from the acknowledgements made every task carry more as more slots
+        # made the round trip slower (1,300 entries, 0.5 MB, a task at 1,024 slots); a mirror
+        # further behind than this says it is stale and gets the base instead.
+        self.window = 64 + slots // 16
 
     def add(self, trial: FrozenTrial) -> None:
         self.entries.append(pickle.dumps(trial))
