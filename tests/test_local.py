@@ -188,12 +188,8 @@ def test_cli_up_failure_exit_1_with_stderr_tail(tmp_path: Path) -> None:
     assert "ck_missing_mod" in done.stderr and "Traceback" not in done.stderr.splitlines()[0]
 
 
-def test_cli_up_of_an_invalid_profile_exits_2_and_its_early_supervisor_ends(
-    tmp_path: Path,
-) -> None:
-    """`up` forks its supervisor before it reads the profile; a profile that fails validation
-    must still leave nothing: exit 2, one line, and the forked daemon gone once its imports
-    are done (never started anything: no record, no cluster directory)."""
+def test_cli_up_of_an_invalid_profile_exits_2_and_leaves_nothing(tmp_path: Path) -> None:
+    """A profile that fails validation: exit 2, one line, no process, record or directory."""
     from tests.conftest import token_processes, wait_gone
 
     path = profile_file(tmp_path, "backend: local\nworkers: many\n", "invalid")

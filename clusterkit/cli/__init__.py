@@ -57,11 +57,6 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point with the single error boundary: ``error: ...``, exit 2 (input) or 1."""
     from clusterkit.errors import ClusterkitError
 
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["up"] and not {"--help", "-h"} & set(args):
-        from clusterkit.lifecycle import early
-
-        early.prefork()  # the supervisor's imports overlap typer's parsing and the profile's
     try:
         code = app(args=argv, prog_name="clusterkit", standalone_mode=False)
         if isinstance(code, int) and code:

@@ -33,7 +33,6 @@ from clusterkit.state import ClusterRecord, pid_alive
 if TYPE_CHECKING:
     from clusterkit.backends.base import Backend
     from clusterkit.schema import ProfileCommon
-    from clusterkit.security import ClusterSecurity
 
 #: Seconds `up` waits beyond the profile's start timeout for the supervisor's own start.
 SUPERVISOR_GRACE = 30.0
@@ -78,17 +77,6 @@ def supervise(
             _start_fresh_supervisor(name, directory, write_fd)
     finally:
         os.close(write_fd)
-    return await_ready(profile, directory, read_fd, waiting)
-
-
-def await_ready(
-    profile: ProfileCommon,
-    directory: Path,
-    read_fd: int,
-    waiting: contextlib.AbstractContextManager[Any],
-) -> ClusterRecord:
-    """The supervisor's record once it reports ready on ``read_fd`` (closed here); else its
-    whole process group is ended and ClusterStartError carries its evidence."""
     limit = profile.start_timeout + SUPERVISOR_GRACE
     began = time.monotonic()
     try:
@@ -132,24 +120,16 @@ def double_fork(grandchild: Callable[[], int]) -> None:
 
 def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: int) -> None:
     """Double fork: the grandchild, in its own session, runs the supervisor."""
-    double_fork(lambda: serve(name, profile, directory, write_fd))
-
-
-def serve(
-    name: str,
-    profile: ProfileCommon,
-    directory: Path,
-    write_fd: int,
-    security: ClusterSecurity | None = None,
-) -> int:
-    """In the forked daemon: output to the cluster's log, then the supervisor's whole life."""
     from clusterkit.lifecycle.supervisor import LOG_NAME, report, run
 
-    _redirect_stdio(directory / LOG_NAME, keep=write_fd)
-    # worker processes (multiprocessing spawn) re-import __main__: not the CLI's script
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    report(write_fd, {"pid": os.getpid()}, last=False)
-    return run(name, profile, write_fd, security)
+    def supervisor() -> int:
+        _redirect_stdio(directory / LOG_NAME, keep=write_fd)
+        # worker processes (multiprocessing spawn) re-import __main__: not the CLI's script
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        report(write_fd, {"pid": os.getpid()}, last=False)
+        return run(name, profile, write_fd)
+
+    double_fork(supervisor)
 
 
 def _redirect_stdio(log: Path, keep: int) -> None:

@@ -26,7 +26,6 @@ from clusterkit.errors import ClusterkitError
 from clusterkit.lifecycle import control
 from clusterkit.lifecycle.start import Claim, Started, start_cluster
 from clusterkit.schema import ProfileCommon
-from clusterkit.security import ClusterSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -66,17 +65,10 @@ def load_saved_profile(directory: Path) -> ProfileCommon:
 class Supervisor:
     """Owns one started cluster and answers control requests."""
 
-    def __init__(
-        self,
-        name: str,
-        directory: Path,
-        profile: ProfileCommon,
-        security: ClusterSecurity | None = None,
-    ) -> None:
+    def __init__(self, name: str, directory: Path, profile: ProfileCommon) -> None:
         self.name = name
         self.directory = directory
         self.profile = profile
-        self.security = security  # made ahead by `up`, or None: made at start
         self.started: Started | None = None
         self.record: state.ClusterRecord | None = None
         self.stopping = threading.Event()
@@ -86,11 +78,7 @@ class Supervisor:
         claim = Claim(self.profile, self.name, supervisor=True) if remote else None
         try:
             self.started = start_cluster(
-                self.profile,
-                name=self.name,
-                security_dir=self.directory,
-                claim=claim,
-                security=self.security,
+                self.profile, name=self.name, security_dir=self.directory, claim=claim
             )
         except BaseException:
             if claim is not None:  # torn down already; a claim left means this process died
@@ -212,12 +200,7 @@ def report(fd: int | None, payload: dict[str, Any], *, last: bool = True) -> Non
         pass  # `up` went away; the record is still there for `ls`
 
 
-def run(
-    name: str,
-    profile: ProfileCommon,
-    ready_fd: int | None,
-    security: ClusterSecurity | None = None,
-) -> int:
+def run(name: str, profile: ProfileCommon, ready_fd: int | None) -> int:
     """The supervisor's whole life: start, report, serve until told to stop, close."""
     root = logging.getLogger()
     for handler in list(root.handlers):  # a forking parent's handlers: their files may be gone
@@ -229,7 +212,7 @@ def run(
     )
     directory = state.cluster_dir(name)
     state.write_pid_file(name, os.getpid())
-    supervisor = Supervisor(name, directory, profile, security)
+    supervisor = Supervisor(name, directory, profile)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

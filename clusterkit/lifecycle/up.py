@@ -15,7 +15,6 @@ from clusterkit.searchpath import check_name
 from clusterkit.state import ClusterRecord
 
 if TYPE_CHECKING:
-    from clusterkit.lifecycle.early import EarlySupervisor
     from clusterkit.schema import ProfileCommon
 
 
@@ -32,22 +31,6 @@ def up(
     ClusterStartError with evidence if the workers do not arrive in time; then nothing is
     left running. ``waiting`` (e.g. a spinner) is entered while the cluster starts.
     """
-    from clusterkit.lifecycle import early
-
-    daemon = early.take()  # forked first: it imports what it needs while this process validates
-    try:
-        return _up(profile_ref, name, waiting, daemon)
-    finally:
-        if daemon is not None:
-            daemon.cancel()  # no-op once it was handed its cluster
-
-
-def _up(
-    profile_ref: str | os.PathLike[str] | ProfileCommon | None,
-    name: str | None,
-    waiting: contextlib.AbstractContextManager[Any] | None,
-    daemon: EarlySupervisor | None,
-) -> ClusterRecord:
     from clusterkit.profiles import load_profile  # here: `ls`, `down`, `status` load none
 
     profile = load_profile(profile_ref)
@@ -74,8 +57,6 @@ def _up(
             if Capability.DETACHED in backend.CAPABILITIES:
                 with waiting:
                     return _up_detached(profile, name)
-            if daemon is not None:
-                return daemon.launch(profile, name, state.cluster_dir(name), waiting)
             from clusterkit.lifecycle import spawn
 
             spawn.preimport(backend)
