@@ -28,7 +28,10 @@ def scheduler_identity(client: Any) -> dict[str, Any]:
 def worker_row(address: str, worker: dict[str, Any], processing: int) -> dict[str, Any]:
     """One worker's load: CPU, memory, GPU use (NVML, when the worker has GPUs), tasks."""
     metrics = worker.get("metrics", {})
+    # distributed flattens the NVML metrics (gpu_utilization, gpu_memory_used, gpu-memory-total;
+    # seen on an H200); older releases nest them under "gpu" and the total under the worker
     gpu = metrics.get("gpu") or {}
+    total = metrics.get("gpu-memory-total") or (worker.get("gpu") or {}).get("memory-total")
     executing = int(metrics.get("task_counts", {}).get("executing", 0))
     return {
         "address": address,
@@ -38,9 +41,9 @@ def worker_row(address: str, worker: dict[str, Any], processing: int) -> dict[st
         "memory": metrics.get("memory"),
         "memory_limit": worker.get("memory_limit"),
         "gpus": int(worker.get("resources", {}).get("GPU", 0)),
-        "gpu_utilization": gpu.get("utilization"),
-        "gpu_memory_used": gpu.get("memory-used"),
-        "gpu_memory_total": (worker.get("gpu") or {}).get("memory-total"),
+        "gpu_utilization": metrics.get("gpu_utilization", gpu.get("utilization")),
+        "gpu_memory_used": metrics.get("gpu_memory_used", gpu.get("memory-used")),
+        "gpu_memory_total": total,
         "running": executing,
         "queued": max(processing - executing, 0),
         "processing": processing,

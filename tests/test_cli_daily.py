@@ -166,3 +166,32 @@ def test_render_honours_threads_and_every_dask_cuda_option(tmp_path: Path) -> No
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "did you mean 'rmm_maximum_pool_size'?" in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.unit
+def test_gpu_columns_read_the_metrics_as_distributed_reports_them() -> None:
+    """A dask-cuda worker's metrics as the scheduler reported them on an H200 (flattened names),
+    and as older releases nest them: both give `status` its GPU use and memory columns."""
+    from clusterkit.monitor import worker_row
+
+    flat = {
+        "nthreads": 1,
+        "resources": {"GPU": 1},
+        "metrics": {
+            "cpu": 2.0,
+            "gpu_utilization": 37,
+            "gpu_memory_used": 1197342720,
+            "gpu-memory-total": 150754820096,
+            "task_counts": {"executing": 1},
+        },
+    }
+    nested = {
+        "nthreads": 1,
+        "resources": {"GPU": 1},
+        "metrics": {"gpu": {"utilization": 37, "memory-used": 1197342720}},
+        "gpu": {"memory-total": 150754820096},
+    }
+    for worker in (flat, nested):
+        row = worker_row("tls://127.0.0.1:1", worker, 1)
+        assert (row["gpus"], row["gpu_utilization"]) == (1, 37)
+        assert (row["gpu_memory_used"], row["gpu_memory_total"]) == (1197342720, 150754820096)
