@@ -15,7 +15,7 @@ from clusterkit.backends.base import check_capabilities, get_backend
 from clusterkit.client import connect
 from clusterkit.errors import BadInput, ClusterNotFound, ClusterStartError
 from clusterkit.lifecycle import reap
-from clusterkit.lifecycle.up import up
+from clusterkit.lifecycle.up import up as up  # re-exported: the verbs' one entry point
 from clusterkit.monitor import scheduler_identity
 from clusterkit.searchpath import check_name
 from clusterkit.security import ClusterSecurity, prepare
@@ -23,8 +23,6 @@ from clusterkit.state import ClusterRecord
 
 if TYPE_CHECKING:
     from clusterkit.schema import ProfileCommon
-
-__all__ = ["up"]  # the lifecycle verbs: up lives with the start machinery, the rest here
 
 DOWN_TIMEOUT = 30.0
 DEAD = "dead: its supervisor or owner is gone (`clusterkit down NAME` removes what is left)"
