@@ -7,12 +7,17 @@ for reference (5, 6) a naive Dask launch that runs the rank inside the worker th
 worker's statistical profiler on and off. Startup is launch to the first training step.
 Ratios are to torchrun in the same repetition; the table shows their medians.
 
-    .venv/bin/python bench/ddp.py [--reps 3] [--epochs 4] [--samples 2048]
+    .venv/bin/python bench/ddp.py [--reps 3] [--epochs 4] [--samples 2048] [--preload-ab]
+
+``--preload-ab`` adds clusterkit on a second cluster whose spare rank processes import torch
+only (``CLUSTERKIT_DDP_PRELOAD=0``, the default before the preload), so that both are measured
+in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -133,12 +138,24 @@ def run_clusterkit(cfg: dict, client: Any) -> tuple[float, dict]:
     return launched, ddp.run(clusterkit_rank, cfg, client=client)[0]
 
 
-def _local_cluster() -> Any:
+def _local_cluster(**env: str) -> Any:
     from distributed import LocalCluster
 
     return LocalCluster(
-        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
+        n_workers=2,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",
+        env=env or None,
     )
+
+
+#: --preload-ab: a second cluster whose spares import torch only (CLUSTERKIT_DDP_PRELOAD=0)
+TORCH_ONLY: dict[str, Any] = {}
+
+
+def run_clusterkit_torch_only(cfg: dict, _: Any) -> tuple[float, dict]:
+    return run_clusterkit(cfg, TORCH_ONLY["client"])
 
 
 def run_cold(cfg: dict, _: Any) -> tuple[float, dict]:
@@ -178,6 +195,7 @@ MODES = {
     "torchrun x2": run_torchrun,
     "clusterkit (cluster up)": run_clusterkit,
     "clusterkit (cold start)": run_cold,
+    "clusterkit, torch-only spare": run_clusterkit_torch_only,
     "naive dask, profiler on": run_naive,
     "naive dask, profiler off": run_naive_noprof,
 }
@@ -206,6 +224,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=CONFIG["samples"])
     parser.add_argument("--child", default=None)
     parser.add_argument("--config", default=None)
+    parser.add_argument(
+        "--preload-ab", action="store_true", help="and spares without the preload (before)"
+    )
     args = parser.parse_args()
     if args.child:
         child(args.child, json.loads(args.config))
@@ -213,9 +234,13 @@ def main() -> None:
     from distributed import Client
 
     cfg = dict(CONFIG, epochs=args.epochs, samples=args.samples)
-    rows: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in MODES}
-    names = list(MODES)
-    with _local_cluster() as cluster, Client(cluster) as client:
+    names = [m for m in MODES if args.preload_ab or MODES[m] is not run_clusterkit_torch_only]
+    rows: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in names}
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(Client(stack.enter_context(_local_cluster())))
+        if args.preload_ab:
+            other = stack.enter_context(_local_cluster(CLUSTERKIT_DDP_PRELOAD="0"))
+            TORCH_ONLY["client"] = stack.enter_context(Client(other))
         for rep in range(args.reps):
             order = names[rep % len(names) :] + names[: rep % len(names)]
             measured = {}

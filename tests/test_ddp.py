@@ -123,6 +123,33 @@ def checkpointing_fn(ctx, states: list) -> None:
         ctx.save_checkpoint(state)
 
 
+def destroying_fn(ctx) -> int:
+    """A torchrun-style ending: destroy the group, then let the DDP model go."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from clusterkit.runners.ddp import teardown
+
+    model = DistributedDataParallel(torch.nn.Linear(2, 1))
+    model(torch.ones(1, 2)).sum().backward()
+    dist.destroy_process_group()
+    del model  # its reducer lets the group go, but must not be the last to hold it
+    return teardown.kept()
+
+
+def late_store_fn(ctx) -> str:
+    """Rank 0 ends at once; rank 1 still uses the rendezvous store a second later."""
+    if ctx.rank == 0:
+        return "first"
+    from datetime import timedelta
+
+    time.sleep(1.0)
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = torch.distributed.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=5))
+    store.set("late", "here")
+    return store.get("late").decode()
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -309,6 +336,15 @@ def test_progress_lines_and_bad_metrics() -> None:
 def test_world_size_one(client) -> None:
     results = ddp.run(all_reduce_fn, 4.0, client=client, world_size=1)
     assert [r["sum"] for r in results] == [4.0]
+
+
+def test_a_destroyed_group_outlives_the_users_code(client) -> None:
+    # freeing a Gloo group inside the user's code can deadlock torch (ddp/teardown.py)
+    assert ddp.run(destroying_fn, client=client, world_size=2) == [1, 1]
+
+
+def test_rank_zero_keeps_the_store_until_every_rank_is_done(client) -> None:
+    assert ddp.run(late_store_fn, client=client, world_size=2) == ["first", "here"]
 
 
 # ---------------------------------------------------------------- CLI

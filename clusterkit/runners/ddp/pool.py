@@ -23,8 +23,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 SPARE_ENV = "CLUSTERKIT_DDP_SPARES"  # "0" disables spare rank processes
 REUSE_ENV = "CLUSTERKIT_DDP_REUSE"  # "0": every trial's ranks in fresh processes
-#: "1": spares also import what DDP's first construction needs (``rank.SPARE_PRELOAD``); off by
-#: default while a hang of two training runs seen once under CI load is not understood
+#: "0": spares import torch only, not also what DDP's first construction needs
+#: (``rank.SPARE_PRELOAD``); the first training step then comes about a second later
 PRELOAD_ENV = "CLUSTERKIT_DDP_PRELOAD"
 
 _lock = threading.Lock()
@@ -33,16 +33,16 @@ _warm: dict[tuple[Any, ...], list[RankProcess]] = {}
 
 
 class RankProcess:
-    """A rank process and our end of its socket; ``ready`` once it waits for a spec. With
-    ``CLUSTERKIT_DDP_PRELOAD=1`` a spare imports what a training's first steps need before it
-    is ready (``rank.SPARE_PRELOAD``)."""
+    """A rank process and our end of its socket; ``ready`` once it waits for a spec. A spare
+    imports what a training's first steps need before it is ready (``rank.SPARE_PRELOAD``;
+    ``CLUSTERKIT_DDP_PRELOAD=0``: torch only)."""
 
     def __init__(self, threads: int, spare: bool = False) -> None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         argv = [sys.executable, "-m", "clusterkit.runners.ddp.rank", str(theirs.fileno())]
         self.proc = subprocess.Popen(
-            [*argv, "--preload"] if spare and os.environ.get(PRELOAD_ENV) == "1" else argv,
+            [*argv, "--preload"] if spare and os.environ.get(PRELOAD_ENV, "1") != "0" else argv,
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,

@@ -236,6 +236,7 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
     import cloudpickle
     import torch.distributed as dist
 
+    from clusterkit.runners.ddp import teardown
     from clusterkit.runners.workdir.once import recorded
 
     store, device = _prepare(spec, conn)
@@ -264,6 +265,7 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        teardown.leave_rendezvous(spec, store)
         del store
 
 
@@ -328,8 +330,10 @@ def main(fd: int, preload: bool = False) -> None:
     import torch
     import torch.distributed
 
+    from clusterkit.runners.ddp import teardown
     from clusterkit.runners.workdir.once import recorded  # noqa: F401 - preloaded too
 
+    teardown.keep_destroyed_groups()
     if preload:
         import importlib
 
@@ -344,6 +348,7 @@ def main(fd: int, preload: bool = False) -> None:
             break
         if not (_serve_one(spec, conn) and spec.get("reuse")):
             break
+        teardown.release()
         baseline.restore()
         try:
             conn.send(("ready", torch.__version__))
