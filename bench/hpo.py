@@ -21,7 +21,9 @@ to the workers, whose first trial imports the objective's module and optuna) aga
 ``n x t / slots``; utilisation = busy time (the trials' start-to-end on the workers) / (slots x
 makespan). ``--no-warm`` turns the runner's worker warm-up off (the baseline); ``--cold-ab``
 runs both, alternating per repetition (``--reference``: and a third side whose workers ran a
-search before, untimed: what a cold search should match).
+search before, untimed: what a cold search should match). ``--lookahead-ab``: and a side with
+``lookahead=0`` (each trial dispatched only when a slot frees: the runner before it queued
+trials ahead).
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def ideal_makespan(times: list[float], workers: int) -> float:
 # ------------------------------------------------------------------ the three methods
 
 
-def run_clusterkit(client: Any, times: list[float], seed: int, storage: str) -> tuple[float, float]:
+def run_clusterkit(
+    client: Any, times: list[float], seed: int, storage: str, lookahead: int = 1
+) -> tuple[float, float]:
     import optuna
 
     from clusterkit.runners import hpo
@@ -130,6 +134,7 @@ def run_clusterkit(client: Any, times: list[float], seed: int, storage: str) -> 
         sampler=optuna.samplers.TPESampler(seed=seed),
         progress=False,
         workdir=None,  # as the other methods: no project to ship
+        lookahead=lookahead,
     )
     makespan = time.perf_counter() - started
     return makespan, hpo_driver.LAST_RUN_STATS["overhead_s"] / N_TRIALS
@@ -208,7 +213,9 @@ def sleep_objective_for(times: list[float]) -> Callable[[Any], float]:
     return objective
 
 
-def scale_clusterkit(client: Any, objective: Any, n: int, storage: str) -> tuple[float, float]:
+def scale_clusterkit(
+    client: Any, objective: Any, n: int, storage: str, lookahead: int = 1
+) -> tuple[float, float]:
     """Wall seconds and driver seconds per trial of clusterkit with RandomSampler."""
     import tempfile
 
@@ -230,6 +237,7 @@ def scale_clusterkit(client: Any, objective: Any, n: int, storage: str) -> tuple
         sampler=optuna.samplers.RandomSampler(seed=0),
         progress=False,
         workdir=None,  # as the hand loop: no project to ship (auto would pick this checkout)
+        lookahead=lookahead,
     )
     wall = time.perf_counter() - started
     return wall / n, hpo_driver.LAST_RUN_STATS["overhead_s"] / n
@@ -308,9 +316,17 @@ def old_window(log: Any, slots: int) -> None:
     log.window = 2 * slots + 64
 
 
-def bench_slots(n: int, workers: int, threads: int, storage: str, window_ab: bool = False) -> None:
+def bench_slots(
+    n: int,
+    workers: int,
+    threads: int,
+    storage: str,
+    window_ab: bool = False,
+    ahead_ab: bool = False,
+) -> None:
     """Many slots: sleeping lognormal trials (mean 2 s, sigma 1, cap 20 s), makespan / ideal.
-    ``window_ab``: also clusterkit with the change log's old window, in the same run."""
+    ``window_ab``: also clusterkit with the change log's old window, ``ahead_ab``: with
+    ``lookahead=0``, in the same run."""
     from distributed import Client
 
     from clusterkit.runners.hpo.changelog import ChangeLog
@@ -329,6 +345,8 @@ def bench_slots(n: int, workers: int, threads: int, storage: str, window_ab: boo
             "clusterkit": scale_clusterkit(client, objective, n, storage),
             "hand loop": scale_hand_loop(client, objective, n),
         }
+        if ahead_ab:
+            sides["clusterkit, lookahead 0"] = scale_clusterkit(client, objective, n, storage, 0)
         if window_ab:
             resize = ChangeLog.resize
             ChangeLog.resize = old_window  # type: ignore[method-assign]
@@ -370,6 +388,7 @@ SIDES = {
     "warm-up": "cold workers, warm-up on",
     "no-warm": "cold workers, no warm-up (baseline)",
     "warmed-cluster": "warm workers (a search ran before; reference)",
+    "lookahead-0": "cold workers, warm-up on, lookahead 0 (before)",
 }
 
 
@@ -410,7 +429,11 @@ def cold_once(n: int, seconds: float, side: str) -> tuple[float, float]:
                 hpo.run(module.objective, n_trials=4, storage=os.path.join(top, "w.log"), **options)
             started = time.perf_counter()
             study = hpo.run(
-                module.objective, n_trials=n, storage=os.path.join(top, "s.log"), **options
+                module.objective,
+                n_trials=n,
+                storage=os.path.join(top, "s.log"),
+                lookahead=0 if side == "lookahead-0" else 1,
+                **options,
             )
             makespan = time.perf_counter() - started
     finally:
@@ -462,6 +485,9 @@ def main() -> None:
     parser.add_argument("--cold", type=float, nargs="*", help="TRIALS SECONDS (40 0.3)")
     parser.add_argument("--no-warm", action="store_true", help="--cold without the warm-up")
     parser.add_argument("--cold-ab", action="store_true", help="--cold with and without it")
+    parser.add_argument(
+        "--lookahead-ab", action="store_true", help="--cold, --slots: and lookahead=0 (before)"
+    )
     parser.add_argument("--reference", action="store_true", help="--cold-ab: and warm workers")
     parser.add_argument(
         "--cold-imports", nargs="*", default=[], help="--cold: modules the objective imports"
@@ -479,6 +505,7 @@ def main() -> None:
             ["warm-up", "no-warm"] if args.cold_ab else ["no-warm" if args.no_warm else "warm-up"]
         )
         sides += ["warmed-cluster"] if args.cold_ab and args.reference else []
+        sides += ["lookahead-0"] if args.lookahead_ab else []
         bench_cold(n, seconds, args.reps, sides)
         return
     if args.zero or args.slots:
@@ -488,7 +515,12 @@ def main() -> None:
         if args.zero:
             bench_zero(args.zero)
         if args.slots:
-            bench_slots(*args.slots, storage=args.storage, window_ab=args.window_ab)
+            bench_slots(
+                *args.slots,
+                storage=args.storage,
+                window_ab=args.window_ab,
+                ahead_ab=args.lookahead_ab,
+            )
         return
 
     import optuna
@@ -499,6 +531,9 @@ def main() -> None:
     methods: dict[str, Callable[..., tuple[float, float]]] = {
         "clusterkit (in-memory)": lambda c, t, s: run_clusterkit(c, t, s, "memory"),
         "clusterkit (journal file)": lambda c, t, s: run_clusterkit(c, t, s, "journal"),
+        "clusterkit (in-memory, lookahead 0: before)": lambda c, t, s: run_clusterkit(
+            c, t, s, "memory", lookahead=0
+        ),
         "as-completed Optuna loop": run_as_completed,
         "skopt ask(n_points=W) batches": run_skopt_batches,
     }

@@ -38,7 +38,7 @@ def test_a_quiet_spell_is_logged_with_the_task_states(
     client: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(loop, "STALL_AFTER", 1.0)
-    with caplog.at_level(logging.WARNING, logger="clusterkit.runners.hpo.loop"):
+    with caplog.at_level(logging.WARNING, logger="clusterkit.runners.hpo"):
         study = hpo.run(
             slow_objective,
             n_trials=1,
@@ -73,8 +73,13 @@ def test_enqueued_trials_run_first_then_new_ones(
     fixed = [0.25, -0.5, 0.75]
     for x in fixed:
         study.enqueue_trial({"x": x})
-    study = hpo.run(quick_objective, n_trials=8, client=client, study=study,  # type: ignore[arg-type]
-                    progress=False)
+    study = hpo.run(
+        quick_objective,
+        n_trials=8,
+        client=client,
+        study=study,  # type: ignore[arg-type]
+        progress=False,
+    )
     trials = sorted(study.trials, key=lambda t: t.number)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 8
     assert [t.params["x"] for t in trials[:3]] == fixed
@@ -111,25 +116,41 @@ class Placements:
             self.busy[str(key)] = others
 
 
+def placements(client: object, lookahead: int) -> dict[str, list[str]]:
+    """For each trial's task of a 30-trial search: the tasks its worker had when it got it."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    plugin = type("Plugin", (Placements, SchedulerPlugin), {})()
+    client.register_plugin(plugin)  # type: ignore[attr-defined]
+    hpo.run(
+        quick_objective,
+        n_trials=30,
+        client=client,  # type: ignore[arg-type]
+        storage=optuna.storages.InMemoryStorage(),
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        progress=False,
+        lookahead=lookahead,
+    )
+    busy = client.run_on_scheduler(  # type: ignore[attr-defined]
+        lambda dask_scheduler: dask_scheduler.plugins[Placements.name].busy
+    )
+    assert len(busy) == 30
+    return busy
+
+
 def test_each_next_trial_goes_to_a_free_worker(two_workers: object) -> None:
     """A worker's result event reaches the driver before the scheduler has seen its task end. A
     trial submitted on that event was placed by a stale count, at times on the other, busy
     worker, where it waited for a whole trial (up to 1.3 s in bench/hpo.py) till work stealing
     moved it. Submitted on the task's own completion notice, each goes to a free worker."""
-    from distributed.diagnostics.plugin import SchedulerPlugin
-
-    plugin = type("Plugin", (Placements, SchedulerPlugin), {})()
-    two_workers.register_plugin(plugin)  # type: ignore[attr-defined]
-    hpo.run(
-        quick_objective,
-        n_trials=30,
-        client=two_workers,  # type: ignore[arg-type]
-        storage=optuna.storages.InMemoryStorage(),
-        sampler=optuna.samplers.RandomSampler(seed=0),
-        progress=False,
-    )
-    busy = two_workers.run_on_scheduler(  # type: ignore[attr-defined]
-        lambda dask_scheduler: dask_scheduler.plugins[Placements.name].busy
-    )
-    assert len(busy) == 30
+    busy = placements(two_workers, lookahead=0)
     assert {key: others for key, others in busy.items() if others} == {}
+
+
+def test_a_trial_dispatched_ahead_waits_behind_one_trial_at_most(two_workers: object) -> None:
+    """lookahead=1: a slot holds its trial and one more, queued to start as that one ends; the
+    last trials, a slot's worth, go to free workers (none waits behind a long last trial)."""
+    busy = placements(two_workers, lookahead=1)
+    assert max(len(others) for others in busy.values()) == 1
+    last = {key: others for key, others in busy.items() if int(key.split("-")[2]) >= 28}
+    assert list(last.values()) == [[], []]

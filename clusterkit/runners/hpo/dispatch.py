@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,8 @@ from clusterkit.errors import BadInput
 
 if TYPE_CHECKING:
     from distributed import Client, Future
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,4 +66,24 @@ def is_lost_worker(error: BaseException) -> bool:
 
     return isinstance(error, KilledWorker | CommClosedError | OSError) or (
         type(error).__name__ in {"CancelledError", "FutureCancelledError"}
+    )
+
+
+def log_stall(client: Client, keys: list[str], quiet: float) -> None:
+    """Log, for a search that heard nothing for ``quiet`` seconds, what the scheduler says of
+    its tasks ``keys`` (a stall is then diagnosable)."""
+
+    def task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
+        tasks = dask_scheduler.tasks
+        return {key: tasks[key].state if key in tasks else "unknown" for key in keys}
+
+    try:
+        states = client.run_on_scheduler(task_states, keys=keys)
+    except Exception as error:  # diagnosis only: never stop the search for it
+        states = {"scheduler": f"unreachable ({error!r})"}
+    logger.warning(
+        "no trial finished or reported for %.0fs; %d in flight; their tasks on the scheduler: %s",
+        quiet,
+        len(keys),
+        ", ".join(f"{key}: {state}" for key, state in states.items()),
     )

@@ -57,24 +57,26 @@ def run(
     ranks_per_trial: RanksPerTrial = 1,
     placement: str = "pack",
     checkpoint_dir: str | None = None,
+    lookahead: int = 1,
 ) -> optuna.Study:
     """Run an Optuna search with every worker slot busy until ``n_trials`` trials finished.
 
     Parameters
     ----------
-    objective, client
-        A plain Optuna objective ``f(trial) -> float``, run on the workers; a Dask client
+    objective, n_trials, client
+        A plain Optuna objective ``f(trial) -> float``, run on the workers; the finished trials
+        (complete, pruned or failed, earlier runs included) the study must hold; a Dask client
         (default :func:`clusterkit.get_client`).
-    n_trials
-        Finished trials (complete, pruned or failed) the study must hold, earlier runs included.
     study, storage, study_name, direction, sampler, pruner
         A study, or what to make it from; storage: Optuna's, a database URL or a journal file
         (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
     resources, max_retries, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
         whose worker died; exceptions that fail only their trial (others re-raise).
-    timeout, progress, out
-        Seconds after which no trial starts; live progress; a folder for trials.csv, plots.
+    timeout, progress, out, lookahead
+        Seconds after which no trial starts; live progress; a folder for trials.csv, plots;
+        trials per slot queued on the workers to start as one ends (0: each sampled with every
+        result so far, not only those before it was queued; off with a timeout and for gangs).
     workdir
         The project trials run in (cwd, first on ``sys.path``): in place where a worker sees
         its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None: off.
@@ -83,17 +85,15 @@ def run(
         trial is a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread";
         an fsspec URL or path for the gangs' checkpoints, a folder per trial.
     """
-    inputs.check_counts(n_trials, max_retries)
-    if study is None:
-        study = inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
-    client = client if client is not None else _default_client()
+    inputs.check_counts(n_trials, max_retries, lookahead)
+    study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
+    client = client or _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
     _check_workers(client, resources)
     inputs.recover_orphans(study)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
-    search = drive(study, client, objective, *settings, warm=warm)
-    LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)
+    drive(study, client, objective, *settings, warm=warm, lookahead=lookahead)
     report.finish(study, out, progress)
     return study
 
@@ -151,9 +151,10 @@ def drive(
     progress: bool,
     gang: GangOptions | None = None,
     warm: Warmup | None = None,
+    lookahead: int = 0,
 ) -> SearchLoop:
     """Run the loop to its end with the progress display, if asked for, open around it;
-    ``warm``, the search's warm-up, unregistered once it ends."""
+    ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``: see :func:`run`."""
     import cloudpickle
 
     from clusterkit.runners.hpo import warmup
@@ -163,13 +164,14 @@ def drive(
     blob = cloudpickle.dumps(objective)
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
     if gang is None:
-        search = SearchLoop(*args)
+        search = SearchLoop(*args, lookahead=lookahead)
     else:
         from clusterkit.runners.hpo.gang_loop import GangLoop
 
         search = GangLoop(*args, gang=gang)
     try:
         search.loop()
+        LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)
     finally:
         warmup.stop(warm)
         if display is not None:

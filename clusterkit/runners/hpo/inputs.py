@@ -140,11 +140,12 @@ def recover_orphans(study: Any) -> list[int]:
     return recovered
 
 
-def check_counts(n_trials: int, max_retries: int) -> None:
+def check_counts(n_trials: int, max_retries: int, lookahead: int = 0) -> None:
     if n_trials < 1:
         raise BadInput(f"n_trials must be at least 1, got {n_trials}")
-    if max_retries < 0:
-        raise BadInput(f"max_retries must be 0 or more, got {max_retries}")
+    for name, value in (("max_retries", max_retries), ("lookahead", lookahead)):
+        if value < 0:
+            raise BadInput(f"{name} must be 0 or more, got {value}")
 
 
 def open_study(

@@ -1,4 +1,4 @@
-"""The driver's dispatch loop: one trial per free slot, the next asked as soon as one finishes."""
+"""The driver's dispatch loop: slots and their lookahead kept full, the next asked as one ends."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ MAX_REQUEUES = 5
 #: Seconds without any notice from the cluster, trials in flight, before the loop logs why
 #: (or three times the longest trial so far, if more).
 STALL_AFTER = 60.0
+#: Trials queued ahead at most, in all: at a thousand slots the driver bounds the throughput,
+#: not the hand-off, and twice the tasks in flight cost it 3.5 ms a trial instead of 1.0.
+MAX_AHEAD = 64
 #: Seconds between flushes of the study's storage (and progress updates) while results stream
 #: in, or after that long a quiet spell. A driver killed in between loses only results no one
 #: was shown: those trials are asked again on resume.
@@ -35,7 +38,7 @@ REPORT_EVERY = 0.25
 
 
 class SearchLoop:
-    """The dispatch loop: one trial per free slot, the next asked as soon as one finishes."""
+    """The dispatch loop: slots (and lookahead) kept full, the next asked as one finishes."""
 
     def __init__(
         self,
@@ -48,6 +51,7 @@ class SearchLoop:
         catch: tuple[type[BaseException], ...],
         timeout: float | None,
         display: Any,
+        lookahead: int = 0,
     ) -> None:
         self.study = study
         self.storage = inputs.storage_of(study)
@@ -58,6 +62,7 @@ class SearchLoop:
         self.max_retries = max_retries
         self.catch = catch
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.lookahead = lookahead if timeout is None else 0  # a queued trial would start late
         self.display = display
         self.topic = f"clusterkit-hpo-{uuid.uuid4().hex[:12]}"
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -138,7 +143,7 @@ class SearchLoop:
 
     def _fill(self) -> None:
         while (
-            len(self.inflight) < self._slots_value
+            len(self.inflight) < self._capacity()
             and self.done + len(self.inflight) < self.n_trials
             and (self.deadline is None or time.monotonic() < self.deadline)
         ):
@@ -148,6 +153,14 @@ class SearchLoop:
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
             )
         self._refresh_slots()  # after dispatching, so the RPC never delays a trial
+
+    def _capacity(self) -> int:
+        """Trials in flight at most: one per slot, and ``lookahead`` per slot (MAX_AHEAD in all)
+        queued to start as one ends, while over a slot's worth are left (the last go to free
+        slots)."""
+        if self.n_trials - self.done - len(self.inflight) <= self._slots_value:
+            return self._slots_value
+        return self._slots_value + min(self._slots_value * self.lookahead, MAX_AHEAD)
 
     def _ask(self) -> optuna.Trial:
         """``study.ask()``, without its scan of every trial for enqueued ones once none are left
@@ -221,23 +234,9 @@ class SearchLoop:
         if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
             return
         self._stall_logged = True
-        keys = [attempt.future.key for attempt in self.inflight.values()]
+        from clusterkit.runners.hpo.dispatch import log_stall
 
-        def task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
-            tasks = dask_scheduler.tasks
-            return {key: tasks[key].state if key in tasks else "unknown" for key in keys}
-
-        try:
-            states = self.client.run_on_scheduler(task_states, keys=keys)
-        except Exception as error:  # diagnosis only: never stop the search for it
-            states = {"scheduler": f"unreachable ({error!r})"}
-        logger.warning(
-            "no trial finished or reported for %.0fs; %d in flight; their tasks on the "
-            "scheduler: %s",
-            quiet,
-            len(keys),
-            ", ".join(f"{key}: {state}" for key, state in states.items()),
-        )
+        log_stall(self.client, [attempt.future.key for attempt in self.inflight.values()], quiet)
 
     def _check_cluster(self) -> None:
         """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
