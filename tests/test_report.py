@@ -209,3 +209,13 @@ def test_gang_progress_says_how_gangs_hold_the_slots() -> None:
         "slots 8/8 busy | next in line: k=4",
     )
     assert report.gang_occupancy([], 8, None) == ("gangs 0 running", "slots 0/8 busy")
+
+
+def test_progress_counts_trials_queued_ahead_apart_from_running_ones() -> None:
+    display = report.ProgressDisplay(8)
+    try:
+        display.update(optuna.create_study(), running=2, busy=2, total=8, queued=2)
+        detail = display.progress.tasks[0].fields["detail"]
+    finally:
+        display.close()
+    assert detail.startswith("running 2 (+2 queued) |") and detail.endswith("workers busy 2")

@@ -394,6 +394,7 @@ class SearchLoop:
         inputs.recover_orphans(self.study)
 
     def _show(self) -> None:
-        if self.display is not None:
-            busy = len({a.workers[-1] for a in self.inflight.values() if a.workers})
-            self.display.update(self.study, len(self.inflight), busy, self.n_trials)
+        if self.display is not None:  # a trial that started is running; the others are queued
+            started = [a.workers[-1] for a in self.inflight.values() if a.workers]
+            queued = len(self.inflight) - len(started)
+            self.display.update(self.study, len(started), len(set(started)), self.n_trials, queued)

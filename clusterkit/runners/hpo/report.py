@@ -61,9 +61,10 @@ class ProgressDisplay:
         self.task = self.progress.add_task("hpo", total=total, detail="starting")
         self.progress.start()
 
-    def update(self, study: Any, running: int, busy: int, total: int) -> None:
-        """A single-rank search: trials running, workers busy."""
-        self._show(study, total, f"running {running}", f"workers busy {busy}")
+    def update(self, study: Any, running: int, busy: int, total: int, queued: int = 0) -> None:
+        """A single-rank search: trials running (and queued ahead on workers), workers busy."""
+        ahead = f" (+{queued} queued)" if queued else ""
+        self._show(study, total, f"running {running}{ahead}", f"workers busy {busy}")
 
     def update_gangs(
         self, study: Any, total: int, sizes: list[int], slots: int, next_size: int | None
