@@ -21,8 +21,8 @@ def report_hpo(path: Path, every: float = 1.0) -> None:
     shown, closed = report.ProgressDisplay.update, report.ProgressDisplay.close
     last: dict[str, Any] = {"at": 0.0, "line": None, "study": None}
 
-    def update(self: Any, study: Any, running: int, busy: int, total: int) -> None:
-        shown(self, study, running, busy, total)
+    def update(self: Any, study: Any, running: int, busy: int, total: int, queued: int = 0) -> None:
+        shown(self, study, running, busy, total, queued)
         last["study"], last["total"] = study, total
         write(study, running, busy, total, final=False)
 

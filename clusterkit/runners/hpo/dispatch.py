@@ -69,11 +69,11 @@ def is_lost_worker(error: BaseException) -> bool:
     )
 
 
-def log_stall(client: Client, keys: list[str], quiet: float) -> None:
+def log_stall(client: Client, keys: list[Any], quiet: float) -> None:
     """Log, for a search that heard nothing for ``quiet`` seconds, what the scheduler says of
     its tasks ``keys`` (a stall is then diagnosable)."""
 
-    def task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
+    def task_states(dask_scheduler: Any, keys: list[Any]) -> dict[str, str]:
         tasks = dask_scheduler.tasks
         return {key: tasks[key].state if key in tasks else "unknown" for key in keys}
 
