@@ -204,6 +204,26 @@ def test_cli_up_of_an_invalid_profile_exits_2_and_leaves_nothing(tmp_path: Path)
     assert not (state.clusters_dir() / "invalid").exists()
 
 
+def test_a_failed_up_ends_its_warm_supervisor_at_once(tmp_path: Path) -> None:
+    """`up` forks the supervisor before it reads the profile; an `up` that fails after that
+    (invalid profile, a name already up) kills it before it returns, not once the supervisor
+    has finished importing and found no job."""
+    from tests.conftest import describe, token_processes
+
+    cli = [sys.executable, "-m", "clusterkit", "up"]
+    invalid = profile_file(tmp_path, "backend: local\nworkers: many\n", "invalid")
+    record = api.up(profile_file(tmp_path, "backend: local\nworkers: 1\n", "taken"))
+    try:
+        for path, code in ((invalid, 2), (tmp_path / "taken.yaml", 2)):
+            before = token_processes()
+            done = subprocess.run([*cli, str(path)], capture_output=True, text=True, timeout=120)
+            left = token_processes() - before  # no waiting: killed, not left to time out
+            assert done.returncode == code, done.stderr
+            assert left == set(), describe(left)
+    finally:
+        api.down(record.name)
+
+
 def test_cli_lifecycle(tmp_path: Path) -> None:
     path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "clitest")
 

@@ -32,6 +32,7 @@ from clusterkit.state import ClusterRecord, pid_alive
 
 if TYPE_CHECKING:
     from clusterkit.backends.base import Backend
+    from clusterkit.lifecycle.warm import WarmSupervisor
     from clusterkit.schema import ProfileCommon
 
 #: Seconds `up` waits beyond the profile's start timeout for the supervisor's own start.
@@ -59,24 +60,19 @@ def supervise(
     name: str,
     directory: Path,
     waiting: contextlib.AbstractContextManager[Any],
+    warm: WarmSupervisor | None = None,
 ) -> ClusterRecord:
-    """Start a supervisor for ``profile`` and return its record once the cluster is ready.
+    """Start a supervisor for ``profile`` (or hand it to ``warm``, forked earlier) and return
+    its record once the cluster is ready.
 
     ``waiting`` is entered after the fork (a spinner's thread must not exist at fork time).
     Raises ClusterStartError with the supervisor's evidence if it fails or never answers;
     then its whole process group is gone.
     """
-    from clusterkit.lifecycle.supervisor import save_profile
-
-    read_fd, write_fd = os.pipe()
-    try:
-        if can_fork():
-            _fork_daemon(profile, name, directory, write_fd)
-        else:
-            save_profile(directory, profile)
-            _start_fresh_supervisor(name, directory, write_fd)
-    finally:
-        os.close(write_fd)
+    if warm is not None:
+        read_fd = warm.hand_over(name, profile, directory)
+    else:
+        read_fd = _start_supervisor(profile, name, directory)
     limit = profile.start_timeout + SUPERVISOR_GRACE
     began = time.monotonic()
     try:
@@ -90,6 +86,23 @@ def supervise(
         kill_group(pid, grace=5.0)
     timed_out = time.monotonic() - began >= limit
     raise _start_failure(reply, directory, limit if timed_out else None)
+
+
+def _start_supervisor(profile: ProfileCommon, name: str, directory: Path) -> int:
+    """A supervisor forked now, or a fresh interpreter where forking is unsafe; the read end
+    of its readiness pipe."""
+    from clusterkit.lifecycle.supervisor import save_profile
+
+    read_fd, write_fd = os.pipe()
+    try:
+        if can_fork():
+            _fork_daemon(profile, name, directory, write_fd)
+        else:
+            save_profile(directory, profile)
+            _start_fresh_supervisor(name, directory, write_fd)
+    finally:
+        os.close(write_fd)
+    return read_fd
 
 
 def double_fork(grandchild: Callable[[], int]) -> None:
@@ -132,16 +145,20 @@ def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: i
     double_fork(supervisor)
 
 
-def _redirect_stdio(log: Path, keep: int) -> None:
-    """stdin from /dev/null, stdout and stderr to the log; every other inherited fd closed."""
+def _redirect_stdio(log: Path | None, keep: int | tuple[int, ...]) -> None:
+    """stdin from /dev/null, stdout and stderr to the log (None: /dev/null); every other
+    inherited fd but ``keep`` closed."""
     null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out = os.open(log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(null, 0)
     os.dup2(out, 1)
     os.dup2(out, 2)
     # locks held by `up` (the per-name flock) must not live on in the supervisor
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+    start = 3
+    for fd in sorted({keep} if isinstance(keep, int) else set(keep)):
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
     _forget_resource_tracker()
     # the parent's sys.std* may wrap other fds (a test runner's capture): use the new ones
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process

@@ -172,15 +172,17 @@ def start_cluster(
     name: str,
     security_dir: Path | None,
     claim: Claim | None = None,
+    prepared: ClusterSecurity | None = None,
 ) -> Started:
-    """Prepare security, create the cluster, wait for its minimum workers, start adapting.
+    """Prepare security (unless ``prepared``), create the cluster, wait for its minimum
+    workers, start adapting.
 
     On any failure, the backend's evidence is collected (its first line joins the message),
     everything that started is torn down, and ClusterStartError is raised. A ``claim`` gets
     the backend's identity of the cluster before it is created and once it exists.
     """
     backend = backend_for(profile)
-    security = prepare(profile, security_dir, security_hostnames(profile))
+    security = prepared or prepare(profile, security_dir, security_hostnames(profile))
     security.apply_env()
     deadline = time.monotonic() + profile.start_timeout
     identity = backend.identity(profile, name)

@@ -26,6 +26,7 @@ from clusterkit.errors import ClusterkitError
 from clusterkit.lifecycle import control
 from clusterkit.lifecycle.start import Claim, Started, start_cluster
 from clusterkit.schema import ProfileCommon
+from clusterkit.security import ClusterSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,17 @@ def load_saved_profile(directory: Path) -> ProfileCommon:
 class Supervisor:
     """Owns one started cluster and answers control requests."""
 
-    def __init__(self, name: str, directory: Path, profile: ProfileCommon) -> None:
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        profile: ProfileCommon,
+        security: ClusterSecurity | None = None,
+    ) -> None:
         self.name = name
         self.directory = directory
         self.profile = profile
+        self.security = security  # made by `up` already (a warm start), else here
         self.started: Started | None = None
         self.record: state.ClusterRecord | None = None
         self.stopping = threading.Event()
@@ -78,7 +86,11 @@ class Supervisor:
         claim = Claim(self.profile, self.name, supervisor=True) if remote else None
         try:
             self.started = start_cluster(
-                self.profile, name=self.name, security_dir=self.directory, claim=claim
+                self.profile,
+                name=self.name,
+                security_dir=self.directory,
+                claim=claim,
+                prepared=self.security,
             )
         except BaseException:
             if claim is not None:  # torn down already; a claim left means this process died
@@ -169,7 +181,7 @@ def _answers(cluster: Any) -> bool:
     return True
 
 
-def _failure(error: BaseException, directory: Path) -> dict[str, Any]:
+def failure(error: BaseException, directory: Path) -> dict[str, Any]:
     """The readiness reply for a failed start: the library's account, then the log's tail."""
     if isinstance(error, ClusterkitError):
         return {
@@ -200,7 +212,12 @@ def report(fd: int | None, payload: dict[str, Any], *, last: bool = True) -> Non
         pass  # `up` went away; the record is still there for `ls`
 
 
-def run(name: str, profile: ProfileCommon, ready_fd: int | None) -> int:
+def run(
+    name: str,
+    profile: ProfileCommon,
+    ready_fd: int | None,
+    security: ClusterSecurity | None = None,
+) -> int:
     """The supervisor's whole life: start, report, serve until told to stop, close."""
     root = logging.getLogger()
     for handler in list(root.handlers):  # a forking parent's handlers: their files may be gone
@@ -212,7 +229,7 @@ def run(name: str, profile: ProfileCommon, ready_fd: int | None) -> int:
     )
     directory = state.cluster_dir(name)
     state.write_pid_file(name, os.getpid())
-    supervisor = Supervisor(name, directory, profile)
+    supervisor = Supervisor(name, directory, profile, security)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -220,7 +237,7 @@ def run(name: str, profile: ProfileCommon, ready_fd: int | None) -> int:
         record = supervisor.start()
     except BaseException as error:
         supervisor.close()  # jobs, pods and processes are gone before `up` hears back
-        report(ready_fd, {"ok": False, **_failure(error, directory)})
+        report(ready_fd, {"ok": False, **failure(error, directory)})
         return 1
     report(ready_fd, {"ok": True, "record": json.loads(record.to_json())})
     logger.info("cluster %s ready at %s", name, record.address)
@@ -240,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_saved_profile(state.cluster_dir(args.name))
     except Exception as error:
-        report(args.ready_fd, {"ok": False, **_failure(error, state.cluster_dir(args.name))})
+        report(args.ready_fd, {"ok": False, **failure(error, state.cluster_dir(args.name))})
         return 1
     return run(args.name, profile, args.ready_fd)
 

@@ -15,6 +15,7 @@ from clusterkit.searchpath import check_name
 from clusterkit.state import ClusterRecord
 
 if TYPE_CHECKING:
+    from clusterkit.lifecycle.warm import WarmSupervisor
     from clusterkit.schema import ProfileCommon
 
 
@@ -31,6 +32,23 @@ def up(
     ClusterStartError with evidence if the workers do not arrive in time; then nothing is
     left running. ``waiting`` (e.g. a spinner) is entered while the cluster starts.
     """
+    from clusterkit.lifecycle.warm import WarmSupervisor
+
+    # forked before anything else, so that it imports while this process reads the profile
+    warm = WarmSupervisor.fork()
+    try:
+        return _up(profile_ref, name, waiting, warm)
+    finally:
+        if warm is not None:
+            warm.cancel()  # unless it took the job: then it is the cluster's supervisor
+
+
+def _up(
+    profile_ref: str | os.PathLike[str] | ProfileCommon | None,
+    name: str | None,
+    waiting: contextlib.AbstractContextManager[Any] | None,
+    warm: WarmSupervisor | None,
+) -> ClusterRecord:
     from clusterkit.profiles import load_profile  # here: `ls`, `down`, `status` load none
 
     profile = load_profile(profile_ref)
@@ -59,8 +77,9 @@ def up(
                     return _up_detached(profile, name)
             from clusterkit.lifecycle import spawn
 
-            spawn.preimport(backend)
-            return spawn.supervise(profile, name, state.cluster_dir(name), waiting)
+            if warm is None:
+                spawn.preimport(backend)
+            return spawn.supervise(profile, name, state.cluster_dir(name), waiting, warm)
         except BaseException:
             leftover = state.read_record(name)
             if leftover is not None and leftover.starting:
