@@ -154,7 +154,8 @@ def test_killed_driver_is_restarted_and_the_study_holds_each_trial_once(
     name, root = in_lab
     monkeypatch.setattr(spawn, "can_fork", lambda: False)  # the fresh-interpreter monitor
     run_id = runs.launch(
-        "hpo", ["search.py:objective", "-n", "16", "--study-name", "kill", "-p", name]
+        "hpo",
+        ["search.py:objective", "-n", "16", "--study-name", "kill", "-p", name, "--lookahead", "2"],
     )
     _until("four finished trials", lambda: _done(run_id) >= 4)
     first = runs.show(run_id)["driver_pid"]
@@ -351,6 +352,7 @@ def test_unreadable_run_record_is_listed(tmp_path: Path) -> None:
         (["bad.py:objective", "-n", "2", "--detach"], "loading 'bad.py' failed: ZeroDivisionError"),
         (["search.py:nothing", "-n", "2", "--detach"], "has no function 'nothing'"),
         (["search.py:objective", "-n", "2", "--max-restarts", "-1", "--detach"], "--max-restarts"),
+        (["search.py:objective", "-n", "2", "--lookahead", "-1", "--detach"], "--lookahead must"),
         (
             ["search.py:objective", "-n", "2", "-p", "no-such-profile", "--detach"],
             "no-such-profile",

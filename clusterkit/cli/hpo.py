@@ -49,12 +49,17 @@ def _cluster_up(name: str) -> bool:
 
 
 def _check_numbers(
-    trials: int, direction: str, gpus_per_trial: float, timeout: float | None, restarts: int = 0
+    trials: int, direction: str, gpus_per_trial: float, timeout: float | None, **counts: int
 ) -> None:
+    """The numbers a search takes; ``counts``: option names (``max_restarts``) and their
+    values, each at least 0 (``ranks_per_trial`` at least 1)."""
     from clusterkit.errors import BadInput
 
-    if restarts < 0:
-        raise BadInput(f"--max-restarts must be 0 or more, got {restarts}")
+    for option, value in counts.items():
+        least = 1 if option == "ranks_per_trial" else 0
+        if value < least:
+            flag = "--" + option.replace("_", "-")
+            raise BadInput(f"{flag} must be {'at least 1' if least else '0 or more'}, got {value}")
     if trials < 1:
         raise BadInput(f"--trials must be at least 1, got {trials}")
     if direction not in ("minimize", "maximize"):
@@ -83,6 +88,7 @@ def hpo(
         None, "--checkpoint-dir", help="Multi-rank trials' checkpoints: URL or path, per trial."
     ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
+    lookahead: int = typer.Option(1, "--lookahead", help="Trials queued per busy slot; 0: none."),
     out: str = typer.Option(None, "--out", help="Results folder; default ./STUDY-results."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress."),
     workdir: str = typer.Option(
@@ -102,12 +108,8 @@ def hpo(
 
     With --detach the search runs in the background (`clusterkit runs` lists it); with
     --batch scheduler, driver and workers run inside one job of the profile's batch system."""
-    _check_numbers(trials, direction, gpus_per_trial, timeout, max_restarts)
-    if ranks_per_trial < 1:
-        from clusterkit.errors import BadInput
-
-        raise BadInput(f"--ranks-per-trial must be at least 1, got {ranks_per_trial}")
-
+    counts = {"max_restarts": max_restarts, "ranks_per_trial": ranks_per_trial}
+    _check_numbers(trials, direction, gpus_per_trial, timeout, lookahead=lookahead, **counts)
     from clusterkit.runners.hpo import inputs as hpo_inputs
 
     project = None if no_workdir else _project(target, workdir, workdir_max_size)
@@ -151,6 +153,7 @@ def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[
             workdir=project,
             ranks_per_trial=params["ranks_per_trial"],
             checkpoint_dir=params["checkpoint_dir"],
+            lookahead=params["lookahead"],
         )
     finally:
         client.close()
@@ -183,6 +186,8 @@ def _detach(name: str, params: dict[str, Any]) -> str:
         argv += ["--timeout", str(params["timeout"])]
     if params["ranks_per_trial"] != 1:
         argv += ["--ranks-per-trial", str(params["ranks_per_trial"])]
+    if params["lookahead"] != 1:
+        argv += ["--lookahead", str(params["lookahead"])]
     if params["checkpoint_dir"] is not None:
         url = params["checkpoint_dir"]
         argv += ["--checkpoint-dir", url if "://" in url else _absolute(url)]
