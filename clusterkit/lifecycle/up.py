@@ -73,6 +73,8 @@ def _up(
             state.check_space(state.cluster_dir(name))
             waiting = waiting or contextlib.nullcontext()
             if Capability.DETACHED in backend.CAPABILITIES:
+                if warm is not None:
+                    warm.cancel()  # the cluster lives in its API server: no supervisor
                 with waiting:
                     return _up_detached(profile, name)
             from clusterkit.lifecycle import spawn
