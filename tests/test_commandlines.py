@@ -388,10 +388,63 @@ def test_ssh_commands_parse(case: tuple[str, int], tmp_path: Path) -> None:
             classes.add(entry["cls"])
             unknown = set(entry["opts"]) - accepted_keywords(*forwarding_chain(entry["cls"]))
             assert not unknown, f"{entry['cls']} does not take {sorted(unknown)}"
-            if entry["cls"] != "distributed.Scheduler":
-                assert ("GPU" in entry["opts"].get("resources", {})) == bool(gpus)
+            if entry["cls"] == "distributed.Nanny":
+                assert "GPU" not in entry["opts"].get("resources", {})
     workers = "dask_cuda.CUDAWorker" if gpus else "distributed.Nanny"
     assert classes == {"distributed.Scheduler", workers}
+
+
+def ssh_cuda_worker_options(tmp_path: Path, variant: str) -> dict[str, Any]:
+    """The options the remote ``dask_spec`` hands ``dask_cuda.CUDAWorker`` for one variant."""
+    if variant == "cuda":  # the `dask cuda worker` options, RMM's among them
+        extra: dict[str, Any] = {"cuda": CUDA_OPTIONS}
+    else:
+        extra = {k: v for k, v in VARIANTS[variant].items() if not k.startswith("lifetime")}
+    data = {**SSH_BASE, **extra, "worker": {**extra.get("worker", {}), "gpus": 1}}
+    text = rendered(tmp_path, f"ssh-{variant}", data)
+    worker_line = [line for line in text.splitlines() if line.startswith("  ")][1]
+    spec = json.loads(parse_python(shlex.split(worker_line))[1].params["spec"])
+    (entry,) = [spec] if "cls" in spec else list(spec.values())
+    assert entry["cls"] == "dask_cuda.CUDAWorker"
+    unknown = set(entry["opts"]) - accepted_keywords(*forwarding_chain(entry["cls"]))
+    assert not unknown, f"CUDAWorker does not take {sorted(unknown)}"
+    if variant == "cuda":  # its CLI makes dask config of this one; so does the worker's env
+        assert "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD=spawn" in worker_line.split()
+    return dict(entry["opts"])
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "cuda"])
+def test_ssh_cuda_worker_values_pass_dask_cudas_own_checks(
+    variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDAWorker checks and parses its values (resources as ``dask cuda worker`` takes them,
+    ports, RMM) before its first GPU query; built here, it must get that far. (A GPU run found
+    ``resources`` passed as a dict, which CUDAWorker cannot parse: no SSH GPU worker started.)"""
+    import asyncio
+    import contextlib
+
+    import pynvml
+    from dask_cuda import CUDAWorker
+
+    from clusterkit.backends.local import gpu_inventory
+
+    opts = ssh_cuda_worker_options(tmp_path, variant)
+    expected = {"GPU": 1.0, **({"MEM": 2.0} if variant == "resources" else {})}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as the plan sets it on the remote host
+    built: list[Any] = []
+
+    async def construct() -> None:  # not started: the nannies are only built
+        built.append(CUDAWorker("tcp://127.0.0.1:1", **opts))
+
+    # NVMLError: the first GPU query (the device memory limit); every check before passed
+    with contextlib.suppress(pynvml.NVMLError):
+        asyncio.run(construct())
+    if built:  # a GPU machine got past that query: look at what the nanny was given
+        assert built[0].nannies[0].resources == expected
+    elif gpu_inventory()[0]:
+        pytest.fail("CUDAWorker was not built on a machine with a GPU")
+    resources = dict(pair.split("=") for pair in opts["resources"].split())
+    assert {name: float(amount) for name, amount in resources.items()} == expected
 
 
 # ------------------------------------------------------------------ Kubernetes manifests and chart

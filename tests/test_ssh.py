@@ -108,7 +108,7 @@ def test_render_shows_each_host_and_binding(lab: Lab) -> None:
 def test_render_gpu_uses_dask_cuda_and_gpu_resource(lab: Lab) -> None:
     profile = lab.profile(worker={"gpus": 2}, hosts=["127.0.0.1", "127.0.0.2"])
     text = ssh.render(profile, tcp())
-    assert "dask_cuda.CUDAWorker" in text and '"GPU": 1.0' in text
+    assert "dask_cuda.CUDAWorker" in text and '"resources": "GPU=1"' in text  # its CLI form
     assert "CUDA_VISIBLE_DEVICES=0,1" in text and profile.min_workers == 4
     with pytest.raises(ValueError, match="workers_per_host"):
         lab.profile(worker={"gpus": 1}, workers_per_host=2)

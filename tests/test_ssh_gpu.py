@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from clusterkit.backends.ssh.backend import SSHBackend
@@ -26,5 +28,11 @@ def test_gpu_workers_over_ssh(lab: Lab) -> None:  # noqa: F811 - the imported fi
             client.wait_for_workers(1, timeout=60)
             (worker,) = client.scheduler_info(n_workers=-1)["workers"].values()
             assert worker["resources"] == {"GPU": 1.0}
+
+            def visible_devices() -> str | None:  # runs on the worker
+                return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+            seen = client.submit(visible_devices, resources={"GPU": 1})
+            assert seen.result(timeout=60) == "0"  # the host's one device, as dask-cuda gives it
     finally:
         cluster.close()

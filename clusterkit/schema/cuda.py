@@ -42,6 +42,8 @@ MANAGED = {
     "dashboard": "scheduler.dashboard",
     "dashboard_address": "scheduler.dashboard_port",
 }
+#: ``dask cuda worker`` options its CLI turns into dask config, not CUDAWorker keywords.
+CONFIG_OPTIONS = {"multiprocessing_method": "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"}
 #: Options that local-cuda sets from its own fields (elsewhere they pass through).
 LOCAL_CUDA_FIELDS = (
     "device_memory_limit",
@@ -104,7 +106,7 @@ def worker_flags(options: dict[str, Any]) -> list[str]:
             if value or negative:
                 flags.append(flag if value else negative[0])
             continue
-        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        text = _as_text(value)
         if parameter is not None:
             try:
                 parameter.type.convert(text, parameter, None)
@@ -113,6 +115,34 @@ def worker_flags(options: dict[str, Any]) -> list[str]:
                 raise ValueError(f"{cut(name, 60)}: {cut(message, 200)}") from None
         flags += [flag, text]
     return flags
+
+
+def worker_keywords(options: dict[str, Any]) -> dict[str, Any]:
+    """``dask_cuda.CUDAWorker`` keywords for ``options``, each value as ``dask cuda worker``'s
+    own parser makes it (``"torch,cupy"`` -> a list), less those its CLI sets as dask config."""
+    parameters = worker_parameters() or {}
+    keywords: dict[str, Any] = {}
+    for name, value in options.items():
+        parameter = parameters.get(name)
+        if name in CONFIG_OPTIONS:
+            continue
+        if parameter is not None and not isinstance(value, bool):
+            value = parameter.type.convert(_as_text(value), parameter, None)
+        keywords[name] = value
+    return keywords
+
+
+def worker_config_env(options: dict[str, Any]) -> dict[str, str]:
+    """The environment that sets the dask config ``dask cuda worker`` makes of ``options``."""
+    return {
+        CONFIG_OPTIONS[name]: str(value)
+        for name, value in options.items()
+        if name in CONFIG_OPTIONS
+    }
+
+
+def _as_text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _names(parameters: dict[str, Any] | None) -> frozenset[str] | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends import options
+from clusterkit.schema import cuda
 from clusterkit.security import server_tls_env
 
 if TYPE_CHECKING:
@@ -166,8 +167,10 @@ def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) ->
         opts["n_workers"] = 1
         resources["GPU"] = 1.0
         opts.update(options.ucx_flags(profile))
-        opts.update(profile.cuda)  # CUDAWorker's keywords: the `dask cuda worker` options
-    if resources:
+        opts.update(cuda.worker_keywords(profile.cuda))  # the `dask cuda worker` options
+    if resources and profile.worker.gpus:  # CUDAWorker takes `dask cuda worker --resources`
+        opts["resources"] = " ".join(f"{name}={amount:g}" for name, amount in resources.items())
+    elif resources:
         opts["resources"] = resources
     if profile.preload:
         opts["preload"] = list(profile.preload)
@@ -183,6 +186,7 @@ def plan(profile: SSHProfile, security: ClusterSecurity, timeout: float | None =
     env = {**security.env, **profile.env}
     if profile.worker.gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(profile.worker.gpus))))
+        env.update(cuda.worker_config_env(profile.cuda))
     return Plan(
         scheduler_host=scheduler_host(profile),
         worker_hosts=list(profile.hosts),
