@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -71,8 +70,8 @@ def supervise(
     """
     if warm is not None:
         read_fd = warm.hand_over(name, profile, directory)
-    else:
-        read_fd = _start_supervisor(profile, name, directory)
+    else:  # `up` found forking unsafe (threads running): a fresh interpreter
+        read_fd = _start_fresh_supervisor(profile, name, directory)
     limit = profile.start_timeout + SUPERVISOR_GRACE
     began = time.monotonic()
     try:
@@ -86,23 +85,6 @@ def supervise(
         kill_group(pid, grace=5.0)
     timed_out = time.monotonic() - began >= limit
     raise _start_failure(reply, directory, limit if timed_out else None)
-
-
-def _start_supervisor(profile: ProfileCommon, name: str, directory: Path) -> int:
-    """A supervisor forked now, or a fresh interpreter where forking is unsafe; the read end
-    of its readiness pipe."""
-    from clusterkit.lifecycle.supervisor import save_profile
-
-    read_fd, write_fd = os.pipe()
-    try:
-        if can_fork():
-            _fork_daemon(profile, name, directory, write_fd)
-        else:
-            save_profile(directory, profile)
-            _start_fresh_supervisor(name, directory, write_fd)
-    finally:
-        os.close(write_fd)
-    return read_fd
 
 
 def double_fork(grandchild: Callable[[], int]) -> None:
@@ -129,20 +111,6 @@ def double_fork(grandchild: Callable[[], int]) -> None:
 
         logging.shutdown()
         os._exit(code)
-
-
-def _fork_daemon(profile: ProfileCommon, name: str, directory: Path, write_fd: int) -> None:
-    """Double fork: the grandchild, in its own session, runs the supervisor."""
-    from clusterkit.lifecycle.supervisor import LOG_NAME, report, run
-
-    def supervisor() -> int:
-        _redirect_stdio(directory / LOG_NAME, keep=write_fd)
-        # worker processes (multiprocessing spawn) re-import __main__: not the CLI's script
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        report(write_fd, {"pid": os.getpid()}, last=False)
-        return run(name, profile, write_fd)
-
-    double_fork(supervisor)
 
 
 def _redirect_stdio(log: Path | None, keep: int | tuple[int, ...]) -> None:
@@ -191,12 +159,20 @@ def start_fresh(command: list[str], log: IO[bytes], write_fd: int) -> None:
     )
 
 
-def _start_fresh_supervisor(name: str, directory: Path, write_fd: int) -> None:
-    from clusterkit.lifecycle.supervisor import LOG_NAME
+def _start_fresh_supervisor(profile: ProfileCommon, name: str, directory: Path) -> int:
+    """A supervisor in a new interpreter, reading the saved profile; the read end of its
+    readiness pipe."""
+    from clusterkit.lifecycle.supervisor import LOG_NAME, save_profile
 
+    save_profile(directory, profile)
     command = [sys.executable, "-m", "clusterkit.lifecycle.supervisor", "--name", name]
-    with open(directory / LOG_NAME, "ab") as log:
-        start_fresh(command, log, write_fd)
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(directory / LOG_NAME, "ab") as log:
+            start_fresh(command, log, write_fd)
+    finally:
+        os.close(write_fd)
+    return read_fd
 
 
 def _read_reply(fd: int, timeout: float) -> tuple[int | None, dict[str, Any] | None]:

@@ -79,8 +79,6 @@ def _up(
                     return _up_detached(profile, name)
             from clusterkit.lifecycle import spawn
 
-            if warm is None:
-                spawn.preimport(backend)
             return spawn.supervise(profile, name, state.cluster_dir(name), waiting, warm)
         except BaseException:
             leftover = state.read_record(name)
