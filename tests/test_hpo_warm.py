@@ -195,3 +195,32 @@ def test_two_searches_at_once_on_one_client_each_unregister_their_warm_up(
     for study in studies.values():
         assert len(study.get_trials(states=[optuna.trial.TrialState.COMPLETE])) == 2
     assert warm_ups(client) == []
+
+
+
+def test_the_warm_up_imports_optuna_before_any_other_thread_can(
+    client: distributed.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads importing optuna at once can each get it half-initialised (its circular
+    imports): ``KeyError: 'optuna.study'`` once, when a search ended at once and dropped the
+    workers' mirrors while the warm-up thread was still importing optuna on fresh workers. The
+    warm-up now imports it on the event loop, where ``client.run`` functions are unpickled."""
+    from clusterkit.runners.hpo.mirror import drop_mirror
+
+    module = project_module(tmp_path, monkeypatch, "warm_first", GOOD)
+    assert not any(client.run(lambda: "optuna" in sys.modules).values())
+
+    def slow_optuna_imports() -> None:  # widens the window the race needs to be seen
+        class Slow:
+            def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+                if name.startswith("optuna."):
+                    time.sleep(0.02)
+
+        sys.meta_path.insert(0, Slow())
+
+    client.run(slow_optuna_imports)
+    warm = warmup.start(client, module.objective, None)
+    assert warm is not None and warm.registered.result(timeout=60)
+    client.run(drop_mirror, "no-such-search")  # what a search that ends at once does
+    warmup.stop(warm)
+    assert all(client.run(lambda: "clusterkit.runners.hpo.mirror" in sys.modules).values())

@@ -4,9 +4,13 @@ module imports and, once the project is in place there, that module itself.
 
 A worker plugin, registered without waiting for it (on the client's event loop): live workers
 run it at once and workers that join later when they start (after the project's own plugin has
-fetched the files: the warm-up waits for the project). Its setup starts a thread and returns, so
-neither the driver nor a worker's start waits; a trial that needs a module still being imported
-waits on Python's import lock, as it would have imported it itself. Only what is importable is
+fetched the files: the warm-up waits for the project). Its setup imports the runner's modules
+(optuna) on the worker's event loop, the thread that unpickles tasks and ``client.run``
+functions: two threads importing optuna at once can each get it half-initialised (its circular
+imports), an ImportError. The objective's modules are imported in a thread, so neither the driver
+nor a worker's start waits for them; a trial unpickles its objective under :data:`IMPORTING`,
+which that thread holds while it imports, so it waits as it would have imported them itself
+(torch's imports are no safer from two threads at once). Only what is importable is
 warmed: an objective pickled by value (``__main__``, a notebook, a module registered by value)
 gets the runner's modules only. Errors are logged at debug level and dropped: the trial, which
 imports the same modules, reports the real one. :func:`start` returns the search's
@@ -16,6 +20,7 @@ imports the same modules, reports the real one. :func:`start` returns the search
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -39,6 +44,8 @@ ENABLED = True
 #: Seconds the warm-up waits for the project on a worker before giving the module up.
 PROJECT_WAIT = 30.0
 RUNNER_MODULES = ("clusterkit.runners.hpo.worker", "clusterkit.runners.workdir")
+#: Held by the warm-up thread while it imports, and by a trial unpickling its objective.
+IMPORTING = threading.Lock()
 
 
 class WarmPlugin(WorkerPlugin):
@@ -50,21 +57,18 @@ class WarmPlugin(WorkerPlugin):
         self.project = project
 
     def setup(self, worker: Any) -> None:
+        _import_each(RUNNER_MODULES)  # here, on the event loop: see the module's docstring
         threading.Thread(target=self.warm, name="clusterkit-hpo-warmup", daemon=True).start()
 
     def warm(self) -> None:
-        import importlib
-
-        for name in self.modules:
-            try:
-                importlib.import_module(name)
-            except BaseException as error:  # the trial reports it, if it matters
-                logger.debug("warm-up: importing %s failed: %r", name, error)
+        with IMPORTING:
+            _import_each(self.modules)
         if self.module is None:
             return
         try:
             if self.project is None:
-                importlib.import_module(self.module)
+                with IMPORTING:
+                    importlib.import_module(self.module)
                 return
             from clusterkit.runners.workdir import entered, tree
 
@@ -73,10 +77,18 @@ class WarmPlugin(WorkerPlugin):
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.2)
-            with entered(self.project):
+            with IMPORTING, entered(self.project):
                 importlib.import_module(self.module)
         except BaseException as error:
             logger.debug("warm-up: importing %s failed: %r", self.module, error)
+
+
+def _import_each(modules: tuple[str, ...] | list[str]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as error:  # the trial reports it, if it matters
+            logger.debug("warm-up: importing %s failed: %r", name, error)
 
 
 @dataclass(frozen=True)
@@ -132,15 +144,15 @@ async def _unregister(warm: Warmup) -> None:
 
 
 def _modules(objective: Any, project: Project | None) -> tuple[list[str], str | None]:
-    """The modules to import first (the runner's, the objective module's own imports outside
-    the project), and the objective's module, or None when it travels by value."""
+    """The modules to import first (the objective module's own imports outside the project),
+    and the objective's module, or None when it travels by value."""
     fn = getattr(objective, "func", objective)  # a functools.partial: its function
     name = getattr(fn, "__module__", None) or type(fn).__module__
     module = sys.modules.get(name)
     if module is None or name in ("__main__", "__mp_main__") or _by_value(name):
-        return list(RUNNER_MODULES), None
+        return [], None
     if not getattr(module, "__file__", None):
-        return list(RUNNER_MODULES), None
+        return [], None
     inside = project.root + os.sep if project is not None else None
     imported = sorted(
         value.__name__
@@ -149,7 +161,7 @@ def _modules(objective: Any, project: Project | None) -> tuple[list[str], str | 
         and value.__name__ not in ("__main__", "__mp_main__")
         and not (inside and (getattr(value, "__file__", None) or "").startswith(inside))
     )
-    return [*RUNNER_MODULES, *imported], name
+    return imported, name
 
 
 def _by_value(name: str) -> bool:

@@ -16,6 +16,7 @@ from optuna.distributions import distribution_to_json
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
+from clusterkit.runners.hpo import warmup
 from clusterkit.runners.hpo.mirror import TrialView, mirror_for
 
 #: How long a worker waits for the driver's pruning decision before failing the trial.
@@ -76,7 +77,8 @@ class DriverPruner(BasePruner):
 
 @functools.lru_cache(maxsize=4)
 def _load_objective(blob: bytes) -> Any:
-    return cloudpickle.loads(blob)
+    with warmup.IMPORTING:  # not while the warm-up imports the same modules
+        return cloudpickle.loads(blob)
 
 
 def run_trial(
