@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -183,6 +184,19 @@ def objective(trial):
     time.sleep(0.6)
     return x * x + (y == "b")
 """
+
+
+def test_a_study_already_done_runs_nothing_and_says_so(
+    client: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    study = optuna.create_study(study_name="done")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
+    with caplog.at_level(logging.WARNING, logger="clusterkit.runners.hpo"):
+        hpo.run(lambda t: 0.0, n_trials=2, client=client, study=study, progress=False)
+    assert len(study.trials) == 3
+    assert "study 'done' already holds 3 finished trials, n_trials is 2: nothing to run" in (
+        caplog.text
+    )
 
 
 def test_resume_after_driver_sigkill(client: object, tmp_path: Path) -> None:

@@ -92,6 +92,7 @@ def run(
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
     _check_workers(client, resources)
     inputs.recover_orphans(study)
+    inputs.say_if_done(study, n_trials)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
     drive(study, client, objective, *settings, warm=warm, lookahead=lookahead)
     report.finish(study, out, progress)

@@ -111,6 +111,19 @@ def counted(trial: Any) -> bool:
     return trial.state.is_finished() and not trial.user_attrs.get(ATTR_ORPHANED)
 
 
+def say_if_done(study: Any, n_trials: int) -> None:
+    """A resumed study that already holds ``n_trials`` finished trials runs none: say so."""
+    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+    if done >= n_trials:
+        logger.warning(
+            "study '%s' already holds %d finished trials, n_trials is %d: nothing to run "
+            "(n_trials counts the study's trials; raise it to go on, or name another study)",
+            study.study_name,
+            done,
+            n_trials,
+        )
+
+
 def storage_of(study: Any) -> Any:
     """The study's storage. Optuna has no public accessor, and the runner writes to trials it
     holds no ``Trial`` object for (records from workers, attempts, orphans), so this is the one
