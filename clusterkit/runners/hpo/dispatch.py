@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.errors import BadInput
+from clusterkit.errors import BadInput, ClusterkitError
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -57,6 +57,17 @@ def check_resources(client: Client, resources: Mapping[str, float] | None) -> No
             f"no worker advertises the resources a trial asks for ({want}); "
             f"the workers offer {', '.join(seen) or 'no resources'}",
             hint="use a profile with worker.gpus set, or drop --gpus-per-trial",
+        )
+
+
+def check_cluster(client: Client, done: int, n_trials: int) -> None:
+    """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
+    if client.status in ("closing", "closed"):
+        raise ClusterkitError(
+            f"lost the cluster mid-search ({done} of {n_trials} trials finished); "
+            "every reported result is in the study",
+            hint="bring the cluster back and run the same search (same storage and study "
+            "name) to resume",
         )
 
 

@@ -92,7 +92,6 @@ def run(
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
     _check_workers(client, resources)
     inputs.recover_orphans(study)
-    inputs.say_if_done(study, n_trials)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
     drive(study, client, objective, *settings, warm=warm, lookahead=lookahead)
     report.finish(study, out, progress)
@@ -161,6 +160,7 @@ def drive(
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
 
+    inputs.say_if_done(study, n_trials)
     display = ProgressDisplay(n_trials) if progress else None
     blob = cloudpickle.dumps(objective)
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)

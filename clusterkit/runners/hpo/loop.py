@@ -11,10 +11,16 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.errors import ClusterkitError
 from clusterkit.runners.hpo import inputs, records
 from clusterkit.runners.hpo.changelog import ChangeLog
-from clusterkit.runners.hpo.dispatch import Attempt, count_slots, is_lost_worker, slots
+from clusterkit.runners.hpo.dispatch import (
+    Attempt,
+    check_cluster,
+    count_slots,
+    is_lost_worker,
+    slots,
+)
+from clusterkit.runners.hpo.presample import Presampler
 from clusterkit.runners.hpo.storage import flush as flush_storage
 
 if TYPE_CHECKING:
@@ -78,6 +84,7 @@ class SearchLoop:
         self._stall_logged = False
         self._longest = 0.0  # the longest trial so far: a quiet spell shorter is no stall
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
+        self.presample = Presampler(study)
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
         from optuna.trial import TrialState
 
@@ -94,7 +101,7 @@ class SearchLoop:
 
         from clusterkit.runners.hpo.worker import run_trial
 
-        sampler = self.study.sampler
+        sampler = self.presample.sampler_for(trial_id)
         sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
         self._keys += 1
         key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}-{self._keys}"
@@ -149,6 +156,8 @@ class SearchLoop:
         ):
             trial = self._ask()
             self.log.add(self.storage.get_trial(trial._trial_id))
+            if len(self.inflight) >= self._slots_value:  # it waits behind a running trial
+                self.presample.draw(trial._trial_id)
             self.inflight[trial.number] = Attempt(
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
             )
@@ -188,7 +197,7 @@ class SearchLoop:
                     if self._dirty:  # quiet: make what came in durable and show it
                         self._report()
                         continue
-                    self._check_cluster()
+                    check_cluster(self.client, self.done, self.n_trials)
                     self._recheck()
                     self._watchdog()
                     continue
@@ -237,16 +246,6 @@ class SearchLoop:
         from clusterkit.runners.hpo.dispatch import log_stall
 
         log_stall(self.client, [attempt.future.key for attempt in self.inflight.values()], quiet)
-
-    def _check_cluster(self) -> None:
-        """A client whose scheduler is gone closes itself (after its timeout): stop, resumably."""
-        if self.client.status in ("closing", "closed"):
-            raise ClusterkitError(
-                f"lost the cluster mid-search ({self.done} of {self.n_trials} trials finished); "
-                "every reported result is in the study",
-                hint="bring the cluster back and run the same search (same storage and study "
-                "name) to resume",
-            )
 
     # ------------------------------------------------------------------ events from workers
 
@@ -380,7 +379,8 @@ class SearchLoop:
             self.study.tell(attempt.number, values)
         else:
             self.study.tell(attempt.number, state=TrialState[state])
-        self.log.add(storage.get_trial(attempt.trial_id))
+        self.log.add(frozen := storage.get_trial(attempt.trial_id))
+        self.presample.finished(frozen)
         if self.inflight.pop(attempt.number, None) is not None:
             self.done += 1
 
