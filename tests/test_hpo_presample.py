@@ -65,6 +65,25 @@ def test_another_range_or_a_new_parameter_is_sampled_on_the_worker() -> None:
 
 
 @pytest.mark.unit
+def test_a_draw_does_not_repeat_what_the_last_task_sent_will_sample() -> None:
+    """A task carries the sampler pickled with the driver's random state; a draw right after
+    must not start from that same state (it gave two trials the same value)."""
+    import pickle
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(two_params, n_trials=2)
+    ahead = Presampler(study)
+    for trial in study.trials:
+        ahead.finished(trial)
+    sent = pickle.loads(pickle.dumps(study.sampler))  # a trial just submitted, not drawn
+    trial_id = study._storage.create_new_trial(study._study_id)
+    ahead.draw(trial_id)
+    frozen = study._storage.get_trial(trial_id)
+    distribution, value = ahead.drawn[trial_id].independent["x"]  # a float: equal only if
+    assert value != sent.sample_independent(study, frozen, "x", distribution)  # same state
+
+
+@pytest.mark.unit
 def test_the_driver_stops_drawing_when_it_would_be_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(two_params, n_trials=2)

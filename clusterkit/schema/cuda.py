@@ -123,9 +123,9 @@ def worker_keywords(options: dict[str, Any]) -> dict[str, Any]:
     parameters = worker_parameters() or {}
     keywords: dict[str, Any] = {}
     for name, value in options.items():
-        parameter = parameters.get(name)
         if name in CONFIG_OPTIONS:
             continue
+        parameter = parameters.get(name)
         if parameter is not None and not isinstance(value, bool):
             value = parameter.type.convert(_as_text(value), parameter, None)
         keywords[name] = value

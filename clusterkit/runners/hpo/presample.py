@@ -12,8 +12,9 @@ GP: every parameter of the finished trials' intersection), or, for a sampler tha
 worker, :class:`PresampledSampler` answers from those values only where the objective asks for
 the very same search space or distribution; anything else (a new parameter, a range that depends
 on another value) is sampled there as before. The driver draws only while it is idle enough:
-when drawing costs less than :data:`IDLE_SHARE` of the time between two finished trials, so at
-a thousand slots, where the driver bounds the throughput, it stops.
+when drawing costs less than :data:`IDLE_SHARE` of the time between two finished trials, so a
+sampler too slow for the trial rate (TPE over a large study at many slots, where the driver
+bounds the throughput) keeps sampling on the workers, in parallel.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Presampler:
             return
         began = time.perf_counter()
         study, sampler = self.study, self.study.sampler
+        sampler.reseed_rng()  # not the state the last task was sent with: it samples from that
         trial = inputs.storage_of(study).get_trial(trial_id)
         drawn = Drawn(sampler.infer_relative_search_space(study, trial))
         if drawn.space:
