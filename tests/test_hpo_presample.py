@@ -84,6 +84,28 @@ def test_a_draw_does_not_repeat_what_the_last_task_sent_will_sample() -> None:
 
 
 @pytest.mark.unit
+def test_the_tasks_sampler_is_not_bound_to_the_drivers_study() -> None:
+    """TPE's intersection search space keeps the id of the study it first saw; a task's copy
+    carrying the driver's study id failed on the worker ("cannot handle multiple studies",
+    where the ids differ: a database storage on the driver)."""
+    import pickle
+
+    storage = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=storage, study_name="another")  # the driver's study gets id 1
+    study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=1))
+    study.optimize(two_params, n_trials=12)
+    study.sampler = optuna.samplers.TPESampler(seed=1)  # as the driver's: it never sampled
+    ahead = Presampler(study)
+    for trial in study.trials[-2:]:
+        ahead.finished(trial)
+    ahead.draw(study._storage.create_new_trial(study._study_id))
+    sent = pickle.loads(pickle.dumps(study.sampler))  # what the next task carries
+    on_worker = optuna.create_study(sampler=sent)  # id 0, as a worker's mirror
+    on_worker.optimize(two_params, n_trials=12)
+    assert len(on_worker.trials) == 12
+
+
+@pytest.mark.unit
 def test_the_driver_stops_drawing_when_it_would_be_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(two_params, n_trials=2)

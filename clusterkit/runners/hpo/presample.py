@@ -6,9 +6,9 @@ from that same study, so the worker starts the objective without the sampler's m
 (TPE's multivariate sampling, Optuna 5's default: about 7 ms of each 0.5 s trial's slot for
 four parameters, on the benchmark).
 
-Drawn ahead: what the sampler samples for the relative search space it infers (TPE, CMA-ES,
-GP: every parameter of the finished trials' intersection), or, for a sampler that has none
-(univariate TPE, random), each parameter of the last finished trial one at a time. On the
+Drawn ahead, for TPE and random sampling (:data:`DRAWABLE`), by the driver's own copy of the
+sampler: the relative search space it infers and its values (multivariate TPE, Optuna 5's
+default), or else each parameter of the last finished trial, one at a time. On the
 worker, :class:`PresampledSampler` answers from those values only where the objective asks for
 the very same search space or distribution; anything else (a new parameter, a range that depends
 on another value) is sampled there as before. The driver draws only while it is idle enough:
@@ -19,18 +19,22 @@ bounds the throughput) keeps sampling on the workers, in parallel.
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler
+from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 
 from clusterkit.runners.hpo import inputs
 
 #: Off: every trial samples on its worker (bench/hpo.py's "no presampling" side).
 ENABLED = True
+#: Samplers drawn ahead: what they draw depends on the study alone. Others (CMA-ES, NSGA-II,
+#: GP, a user's own) keep sampling on the worker.
+DRAWABLE = (TPESampler, RandomSampler)
 #: Share of the driver's time between two finished trials that drawing ahead may take.
 IDLE_SHARE = 0.2
 #: Weight of the newest measurement in the running means of cost and gap.
@@ -88,6 +92,10 @@ class Presampler:
 
     def __init__(self, study: Any) -> None:
         self.study = study
+        # its own copy: a sampler keeps state bound to the study it samples (TPE's intersection
+        # search space keeps the study's id), and the tasks' copies must start clean
+        drawable = type(study.sampler) in DRAWABLE
+        self.sampler = pickle.loads(pickle.dumps(study.sampler)) if drawable else None
         self.space: dict[str, BaseDistribution] = {}
         self.drawn: dict[int, Drawn] = {}
         self.cost = 0.0  # seconds per trial drawn ahead (running mean)
@@ -106,11 +114,13 @@ class Presampler:
 
     def draw(self, trial_id: int) -> None:
         """Sample queued trial ``trial_id``'s parameters now, if the driver can afford it."""
-        if not ENABLED or not self.space or self.gap is None or self.cost > IDLE_SHARE * self.gap:
+        if self.sampler is None or not ENABLED or not self.space or self.gap is None:
+            return
+        if self.cost > IDLE_SHARE * self.gap:
             self.cost *= 1 - WEIGHT / 10  # a later trial tries again, should trials get longer
             return
         began = time.perf_counter()
-        study, sampler = self.study, self.study.sampler
+        study, sampler = self.study, self.sampler
         sampler.reseed_rng()  # not the state the last task was sent with: it samples from that
         trial = inputs.storage_of(study).get_trial(trial_id)
         drawn = Drawn(sampler.infer_relative_search_space(study, trial))
