@@ -14,7 +14,10 @@ starts, passed as a plain ``distributed.Security``), so each ratio is what clust
 
 Targets (issue 27): (a) <= 1.1x, (b) <= 1.05x, (c) <= 1.05x, (d) >= 0.95x.
 `clusterkit --help` against bare Python and a minimal typer app: bench/cli.py.
-Run: .venv/bin/python bench/lifecycle.py [--reps 5]
+Run: .venv/bin/python bench/lifecycle.py [--reps 5] [--before DIR]
+
+``--before DIR`` (an older checkout: ``git worktree add DIR REV``) adds its clusterkit to
+(a), (b) and (c) as further sides, on PYTHONPATH: before and after, side by side in one run.
 """
 
 from __future__ import annotations
@@ -180,8 +183,19 @@ def tiny_tasks(name_or_address: str, n: int = 1000) -> float:
         return time.perf_counter() - start
 
 
-def one_round(env: dict[str, str]) -> dict[str, float]:
-    """(b), (c), (d): a clusterkit cluster and a raw one up side by side (starts untimed)."""
+def before_env(env: dict[str, str], before: str | None) -> dict[str, str] | None:
+    """The environment that runs the older checkout ``before`` (compiled, as ours is)."""
+    if before is None:
+        return None
+    import compileall
+
+    compileall.compile_dir(str(Path(before) / "clusterkit"), quiet=1)
+    return {**env, "PYTHONPATH": before}
+
+
+def one_round(env: dict[str, str], old: dict[str, str] | None) -> dict[str, float]:
+    """(b), (c), (d): a clusterkit cluster and a raw one up side by side (starts untimed);
+    with ``old`` (the older checkout's environment), its attach and embedded start too."""
     ratios: dict[str, float] = {}
     B.run_cli("up", "local", env=env)
     raw, address, _ = start_raw()
@@ -190,6 +204,8 @@ def one_round(env: dict[str, str]) -> dict[str, float]:
         ck_attach = timed([PY, "-c", CK_ATTACH, "local"], env=env)
         raw_attach = timed([PY, "-c", with_tls(RAW_ATTACH), address], env=env)
         ratios["b"] = ck_attach / raw_attach
+        if old is not None:
+            ratios["b_before"] = timed([PY, "-c", CK_ATTACH, "local"], env=old) / raw_attach
         # (d): throughput ratio (raw time / clusterkit time: >1 means clusterkit is faster)
         raw_tasks = tiny_tasks(address)
         ck_tasks = tiny_tasks("local")
@@ -201,6 +217,8 @@ def one_round(env: dict[str, str]) -> dict[str, float]:
     raw_embedded = timed([PY, "-c", with_tls(RAW_EMBEDDED)], env=env)
     ck_embedded = timed([PY, "-c", CK_EMBEDDED], env=env)
     ratios["c"] = ck_embedded / raw_embedded
+    if old is not None:
+        ratios["c_before"] = timed([PY, "-c", CK_EMBEDDED], env=old) / raw_embedded
     ratios.update(
         ck_attach=ck_attach,
         raw_attach=raw_attach,
@@ -214,20 +232,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only-up", action="store_true", help="(a) only")
+    parser.add_argument("--before", metavar="DIR", help="an older checkout, run beside")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as state:
         env = B.bench_env(CLUSTERKIT_STATE_DIR=state)
         raw_tls(Path(state) / "raw-tls")
         os.environ.update(env)  # (d) attaches by name from this process
+        old = before_env(env, args.before)
         print(f"(a) up until ready, {WORKERS} workers x 1 thread; load {B.load()}")
-        up = B.interleave(
-            [
-                B.Side("clusterkit up local (CLI)", lambda: up_cli(env)),
-                B.Side("raw LocalCluster, fresh python", lambda: up_raw_fresh(env)),
-                B.Side("raw LocalCluster, in-process", up_raw_inprocess),
-            ],
-            args.reps,
-        )
+        sides = [
+            B.Side("clusterkit up local (CLI)", lambda: up_cli(env)),
+            B.Side("raw LocalCluster, fresh python", lambda: up_raw_fresh(env)),
+            B.Side("raw LocalCluster, in-process", up_raw_inprocess),
+        ]
+        if old is not None:
+            sides.append(B.Side("clusterkit up local, before", lambda: up_cli(old)))
+        up = B.interleave(sides, args.reps)
         B.table(
             up,
             "clusterkit up local (CLI)",
@@ -239,7 +259,7 @@ def main() -> None:
             return
         rounds = []
         for _ in range(args.reps):
-            rounds.append(one_round(env))
+            rounds.append(one_round(env, old))
             B.reap(env[B.TOKEN_VAR])
     targets = {"b": ("<=", 1.05), "c": ("<=", 1.05), "d": (">=", 0.95)}
     labels = {
@@ -247,6 +267,12 @@ def main() -> None:
         "c": "embedded get_client() / raw LocalCluster + Client",
         "d": "1000 tiny tasks throughput: clusterkit / raw",
     }
+    if args.before:
+        targets.update(b_before=("<=", 1.05), c_before=("<=", 1.05))
+        labels.update(
+            b_before="get_client(NAME), the checkout before",
+            c_before="embedded get_client(), the checkout before",
+        )
     print(f"\n{'':3}{'measure':56}{'median':>8}{'min':>7}{'max':>7}  target")
     for key, label in labels.items():
         values = [r[key] for r in rounds]

@@ -160,7 +160,6 @@ def drive(
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
 
-    inputs.say_if_done(study, n_trials)
     display = ProgressDisplay(n_trials) if progress else None
     blob = cloudpickle.dumps(objective)
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
@@ -170,6 +169,7 @@ def drive(
         from clusterkit.runners.hpo.gang_loop import GangLoop
 
         search = GangLoop(*args, gang=gang)
+    inputs.say_if_done(study, search.done, n_trials)
     try:
         search.loop()
         LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)

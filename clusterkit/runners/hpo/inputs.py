@@ -111,9 +111,9 @@ def counted(trial: Any) -> bool:
     return trial.state.is_finished() and not trial.user_attrs.get(ATTR_ORPHANED)
 
 
-def say_if_done(study: Any, n_trials: int) -> None:
-    """A resumed study that already holds ``n_trials`` finished trials runs none: say so."""
-    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+def say_if_done(study: Any, done: int, n_trials: int) -> None:
+    """A resumed study that already holds ``n_trials`` finished trials (``done``) runs none:
+    say so."""
     if done >= n_trials:
         logger.warning(
             "study '%s' already holds %d finished trials, n_trials is %d: nothing to run "
