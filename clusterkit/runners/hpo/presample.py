@@ -96,6 +96,8 @@ class Presampler:
         # search space keeps the study's id), and the tasks' copies must start clean
         drawable = type(study.sampler) in DRAWABLE
         self.sampler = pickle.loads(pickle.dumps(study.sampler)) if drawable else None
+        if self.sampler is not None:  # its own random stream, not the state a task may carry
+            self.sampler.reseed_rng()
         self.space: dict[str, BaseDistribution] = {}
         self.drawn: dict[int, Drawn] = {}
         self.cost = 0.0  # seconds per trial drawn ahead (running mean)
@@ -121,7 +123,6 @@ class Presampler:
             return
         began = time.perf_counter()
         study, sampler = self.study, self.sampler
-        sampler.reseed_rng()  # not the state the last task was sent with: it samples from that
         trial = inputs.storage_of(study).get_trial(trial_id)
         drawn = Drawn(sampler.infer_relative_search_space(study, trial))
         if drawn.space:
