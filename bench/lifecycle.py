@@ -267,7 +267,7 @@ def main() -> None:
         "c": "embedded get_client() / raw LocalCluster + Client",
         "d": "1000 tiny tasks throughput: clusterkit / raw",
     }
-    if args.before:
+    if old is not None:
         targets.update(b_before=("<=", 1.05), c_before=("<=", 1.05))
         labels.update(
             b_before="get_client(NAME), the checkout before",
