@@ -26,6 +26,9 @@ from pathlib import Path
 PY = sys.executable
 #: the `clusterkit` console script of this interpreter's environment: what users type
 CLUSTERKIT = str(Path(PY).with_name("clusterkit"))
+#: set (``module:function``) where the environment runs another checkout: that checkout's
+#: console-script entry point, run as the script pip writes for it would run it
+ENTRY_VAR = "CLUSTERKIT_BENCH_ENTRY"
 #: every process a bench starts carries this variable (value: one token per run)
 TOKEN_VAR = "CLUSTERKIT_BENCH_TOKEN"
 READY = "ready"
@@ -81,10 +84,13 @@ def compile_clusterkit() -> None:
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 300.0) -> float:
     """Seconds a `clusterkit ...` command takes in a fresh process (until it exits)."""
+    command = [CLUSTERKIT, *args]
+    if env.get(ENTRY_VAR):
+        module, function = env[ENTRY_VAR].split(":")
+        script = f"import sys; from {module} import {function} as f; sys.exit(f())"
+        command = [PY, "-c", script, *args]
     started = time.perf_counter()
-    done = subprocess.run(
-        [CLUSTERKIT, *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"clusterkit {' '.join(args)} exited {done.returncode}:\n{done.stderr}")

@@ -11,6 +11,8 @@
 Under the secure default: clusterkit's `local` profile runs mutual TLS with a fresh CA per
 cluster, and the raw sides use the same TLS (one CA and certificates made before the timing
 starts, passed as a plain ``distributed.Security``), so each ratio is what clusterkit adds.
+A reference side for (a) and (c) is distributed's own per-cluster TLS, ``security=True``
+(``Security.temporary()``: a fresh key and certificate made at every start, as clusterkit's).
 
 Targets (issue 27): (a) <= 1.1x, (b) <= 1.05x, (c) <= 1.05x, (d) >= 0.95x.
 `clusterkit --help` against bare Python and a minimal typer app: bench/cli.py.
@@ -61,6 +63,8 @@ RAW_FRESH = (
     f"N_WORKERS = {WORKERS}\ncluster = LocalCluster(**{SHAPE!r}, security=security)\n"
     f"{B.WAIT_AND_HOLD}"
 )
+#: distributed's own per-cluster TLS: a fresh key and self-signed certificate at every start
+TEMPORARY = "security = True\n"
 RAW_CLUSTER = """
 import sys
 from distributed import LocalCluster
@@ -85,7 +89,7 @@ from distributed import Client, LocalCluster
 if __name__ == "__main__":
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
                            dashboard_address="127.0.0.1:0", protocol="tls://", security=security)
-    client = Client(cluster, security=security)
+    client = Client(cluster)  # the cluster's own Security (with security=True, a fresh one)
     client.close(); cluster.close()
 """
 
@@ -129,6 +133,10 @@ def up_cli(env: dict[str, str]) -> float:
 
 def up_raw_fresh(env: dict[str, str]) -> float:
     return B.run_fresh(with_tls(RAW_FRESH), env=env)
+
+
+def up_raw_temporary(env: dict[str, str]) -> float:
+    return B.run_fresh(RAW_FRESH.replace("{security}", TEMPORARY), env=env)
 
 
 def up_raw_inprocess() -> float:
@@ -189,8 +197,13 @@ def before_env(env: dict[str, str], before: str | None) -> dict[str, str] | None
         return None
     import compileall
 
+    import tomllib
+
     compileall.compile_dir(str(Path(before) / "clusterkit"), quiet=1)
-    return {**env, "PYTHONPATH": before}
+    scripts = tomllib.loads((Path(before) / "pyproject.toml").read_text())["project"]["scripts"]
+    # PYTHONSAFEPATH: `python -c` would put the working directory (this checkout) first
+    old = {"PYTHONPATH": before, "PYTHONSAFEPATH": "1", B.ENTRY_VAR: scripts["clusterkit"]}
+    return {**env, **old}
 
 
 def one_round(env: dict[str, str], old: dict[str, str] | None) -> dict[str, float]:
@@ -216,7 +229,9 @@ def one_round(env: dict[str, str], old: dict[str, str] | None) -> dict[str, floa
     # (c): embedded, each in a fresh process
     raw_embedded = timed([PY, "-c", with_tls(RAW_EMBEDDED)], env=env)
     ck_embedded = timed([PY, "-c", CK_EMBEDDED], env=env)
+    temporary = timed([PY, "-c", RAW_EMBEDDED.replace("{security}", TEMPORARY)], env=env)
     ratios["c"] = ck_embedded / raw_embedded
+    ratios["c_temporary"] = ck_embedded / temporary
     if old is not None:
         ratios["c_before"] = timed([PY, "-c", CK_EMBEDDED], env=old) / raw_embedded
     ratios.update(
@@ -224,6 +239,7 @@ def one_round(env: dict[str, str], old: dict[str, str] | None) -> dict[str, floa
         raw_attach=raw_attach,
         ck_embedded=ck_embedded,
         raw_embedded=raw_embedded,
+        temporary_embedded=temporary,
     )
     return ratios
 
@@ -244,6 +260,7 @@ def main() -> None:
             B.Side("clusterkit up local (CLI)", lambda: up_cli(env)),
             B.Side("raw LocalCluster, fresh python", lambda: up_raw_fresh(env)),
             B.Side("raw LocalCluster, in-process", up_raw_inprocess),
+            B.Side("raw, security=True, fresh python", lambda: up_raw_temporary(env)),
         ]
         if old is not None:
             sides.append(B.Side("clusterkit up local, before", lambda: up_cli(old)))
@@ -253,7 +270,10 @@ def main() -> None:
             "clusterkit up local (CLI)",
             "raw LocalCluster, fresh python",
             1.1,
-            {"raw LocalCluster, in-process": "no interpreter start or imports: reference only"},
+            {
+                "raw LocalCluster, in-process": "no interpreter start or imports: reference only",
+                "raw, security=True, fresh python": "distributed's per-cluster TLS: reference",
+            },
         )
         if args.only_up:
             return
@@ -265,6 +285,7 @@ def main() -> None:
     labels = {
         "b": "get_client(NAME) fresh process / raw Client(address)",
         "c": "embedded get_client() / raw LocalCluster + Client",
+        "c_temporary": "embedded get_client() / raw with security=True",
         "d": "1000 tiny tasks throughput: clusterkit / raw",
     }
     if old is not None:
@@ -273,21 +294,28 @@ def main() -> None:
             b_before="get_client(NAME), the checkout before",
             c_before="embedded get_client(), the checkout before",
         )
-    print(f"\n{'':3}{'measure':56}{'median':>8}{'min':>7}{'max':>7}  target")
+    print(f"\n{'measure':69}{'median':>8}{'min':>7}{'max':>7}  target")
     for key, label in labels.items():
         values = [r[key] for r in rounds]
-        op, bound = targets[key]
         median = statistics.median(values)
-        met = median <= bound if op == "<=" else median >= bound
-        print(
-            f"({key}) {label:54}{median:8.2f}{min(values):7.2f}"
-            f"{max(values):7.2f}  {op} {bound} {'met' if met else 'MISSED'}"
-        )
+        verdict = "reference"
+        if key in targets:
+            op, bound = targets[key]
+            met = median <= bound if op == "<=" else median >= bound
+            verdict = f"{op} {bound} {'met' if met else 'MISSED'}"
+        spread = f"{median:8.2f}{min(values):7.2f}{max(values):7.2f}"
+        print(f"{'(' + key + ')':15}{label:54}{spread}  {verdict}")
     print(
         "\nabsolute medians (s): "
         + ", ".join(
             f"{k} {statistics.median(r[k] for r in rounds):.2f}"
-            for k in ("ck_attach", "raw_attach", "ck_embedded", "raw_embedded")
+            for k in (
+                "ck_attach",
+                "raw_attach",
+                "ck_embedded",
+                "raw_embedded",
+                "temporary_embedded",
+            )
         )
     )
 
