@@ -1,6 +1,6 @@
 """``python -m clusterkit``."""
 
-from clusterkit.cli import main
+from clusterkit.cli import program
 
 if __name__ == "__main__":
-    main()
+    program()

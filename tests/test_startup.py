@@ -104,3 +104,34 @@ def test_attaching_by_record_imports_no_backend_or_schema() -> None:
     """
     heavy = ("clusterkit.schema", "clusterkit.backends.local", "clusterkit.profiles", "pydantic")
     assert imported_after(code, heavy) == []
+
+
+EXIT_STATE = """
+import atexit, gc, sys
+from clusterkit import cli
+# registered before the command's own hooks, so it runs after them, last: what the
+# interpreter's final collection will find frozen (skipped), and what `up` reads
+atexit.register(lambda: print(gc.get_freeze_count() > 0, cli.PROCESS_ENDS_WITH_COMMAND))
+sys.argv = ["clusterkit", "profiles", "list"]
+try:
+    cli.{entry}()
+except SystemExit:
+    pass
+"""
+
+
+@pytest.mark.parametrize(("entry", "frozen"), [("program", "True True"), ("main", "False False")])
+def test_only_the_command_process_skips_the_final_collection(entry: str, frozen: str) -> None:
+    """The ``clusterkit`` command ends without the interpreter's last garbage collection (and
+    `up` without distributed's exit hooks); ``main()`` inside another program changes
+    neither for that program's process."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_STATE.format(entry=entry)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "local" in done.stdout  # the command itself ran and printed in full
+    assert done.stdout.strip().splitlines()[-1] == frozen
+

@@ -27,7 +27,7 @@ def up(
     name: str = typer.Option(None, "--name", help="Cluster name (default: the profile's)."),
 ) -> None:
     """Start a cluster from a profile; it runs until `clusterkit down`."""
-    from clusterkit import api, console
+    from clusterkit import api, cli, console
     from clusterkit.security import exposure
 
     # the spinner (rich, and a thread) starts only once the supervisor is forked
@@ -39,7 +39,7 @@ def up(
     if record.dashboard:
         console.message(f"dashboard: {record.dashboard}")
     typer.echo(record.address)
-    if os.path.basename(sys.argv[0]) in ("clusterkit", "__main__.py"):  # the CLI process itself
+    if cli.PROCESS_ENDS_WITH_COMMAND:
         # nothing is left to do: skip the teardown of what `up` imported (distributed's exit
         # hooks), a third of a second for nothing
         sys.stdout.flush()
