@@ -312,6 +312,23 @@ def test_local_cluster_keywords_exist(case: tuple[str, dict[str, Any]], tmp_path
         assert set(kwargs["scheduler_kwargs"]) <= scheduler
 
 
+@pytest.mark.parametrize(
+    ("backend", "extra", "preload"),
+    [
+        ("local", {"preload": ["json"]}, ["clusterkit.backends.quick_exit", "json"]),
+        ("local-cuda", {}, ["clusterkit.backends.quick_exit"]),
+        ("local", {"processes": False}, None),  # workers in the caller's own process
+        ("local", {"processes": False, "preload": ["json"]}, ["json"]),
+    ],
+)
+def test_local_worker_processes_preload_the_quick_exit_first(
+    backend: str, extra: dict[str, Any], preload: list[str] | None, tmp_path: Path
+) -> None:
+    text = rendered(tmp_path, backend, {"backend": backend, **extra})
+    kwargs = json.loads(text.split("(**", 1)[1].rsplit(")", 1)[0])
+    assert kwargs.get("preload") == preload
+
+
 CUDA_CASES = [c for c in LOCAL_CASES if c[0] == "local-cuda"]
 
 

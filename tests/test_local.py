@@ -469,3 +469,42 @@ def test_embedded_script_exits_without_dask_noise(tmp_path: Path) -> None:
     )
     assert done.returncode == 0 and done.stdout.strip() == "55", done.stderr
     assert "lose already computed" not in done.stderr, done.stderr
+
+
+def _exit_hook_in_worker(marker: str) -> bool:
+    """Run in a worker: register an exit hook that writes ``marker``; is the heap to be
+    frozen at exit (the quick-exit preload loaded)?"""
+    import atexit
+    import sys
+    from pathlib import Path
+
+    atexit.register(Path(marker).write_text, "ran")
+    return "clusterkit.backends.quick_exit" in sys.modules
+
+
+def test_local_workers_end_quickly_and_still_run_their_exit_hooks(tmp_path: Path) -> None:
+    """Worker processes skip the final garbage collection, not their exit hooks: a hook a task
+    registers still runs when the cluster closes, and the close waits for the processes."""
+    path = profile_file(tmp_path, "backend: local\nworkers: 2\n", "quick")
+    with clusterkit.cluster(path) as (_cluster, client):
+        workers = client.scheduler_info()["workers"]
+        markers = {w: str(tmp_path / f"exit-{n}") for n, w in enumerate(workers)}
+        for worker, marker in markers.items():
+            assert client.submit(_exit_hook_in_worker, marker, workers=[worker]).result()
+    assert all(Path(m).read_text() == "ran" for m in markers.values())
+
+
+def test_threaded_local_workers_leave_this_process_exit_alone(tmp_path: Path) -> None:
+    """``processes: false`` runs workers in the caller's own process: no quick-exit preload."""
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\nprocesses: false\n", "threads")
+    script = (
+        "import sys, clusterkit\n"
+        f"with clusterkit.cluster({str(path)!r}) as (_, client):\n"
+        "    client.submit(sum, [1]).result()\n"
+        "print('clusterkit.backends.quick_exit' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: preloaded first in every worker process: ends it without the final garbage collection
+QUICK_EXIT = "clusterkit.backends.quick_exit"
+
 
 def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[str, Any]:
     """LocalCluster keyword arguments shared by the CPU and CUDA flavours."""
@@ -44,8 +47,11 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
     resources = profile.worker_resources()
     if resources:
         kwargs["resources"] = resources
-    if profile.preload:
-        kwargs["preload"] = list(profile.preload)
+    in_processes = getattr(profile, "processes", True)  # not in this process's own threads
+    preload = [QUICK_EXIT] if in_processes else []
+    preload += profile.preload
+    if preload:
+        kwargs["preload"] = preload
     if profile.env:
         kwargs["env"] = dict(profile.env)
     return {k: v for k, v in kwargs.items() if v is not None or k == "dashboard_address"}
