@@ -105,9 +105,11 @@ def raw_tls(directory: Path) -> None:
         RAW_TLS[f"tls_{role}_cert"], RAW_TLS[f"tls_{role}_key"] = map(str, made.pair(role))
 
 
-def with_tls(script: str) -> str:
-    """A raw script with the TLS lines in place of ``{security}``."""
-    return script.replace("{security}", SECURITY.format(tls=RAW_TLS))
+def with_tls(script: str, *, temporary: bool = False) -> str:
+    """A raw script with the TLS lines in place of ``{security}``: RAW_TLS's files, or
+    (``temporary``) distributed's own per-cluster TLS."""
+    lines = TEMPORARY if temporary else SECURITY.format(tls=RAW_TLS)
+    return script.replace("{security}", lines)
 
 
 def raw_security() -> object:
@@ -136,7 +138,7 @@ def up_raw_fresh(env: dict[str, str]) -> float:
 
 
 def up_raw_temporary(env: dict[str, str]) -> float:
-    return B.run_fresh(RAW_FRESH.replace("{security}", TEMPORARY), env=env)
+    return B.run_fresh(with_tls(RAW_FRESH, temporary=True), env=env)
 
 
 def up_raw_inprocess() -> float:
@@ -229,7 +231,7 @@ def one_round(env: dict[str, str], old: dict[str, str] | None) -> dict[str, floa
     # (c): embedded, each in a fresh process
     raw_embedded = timed([PY, "-c", with_tls(RAW_EMBEDDED)], env=env)
     ck_embedded = timed([PY, "-c", CK_EMBEDDED], env=env)
-    temporary = timed([PY, "-c", RAW_EMBEDDED.replace("{security}", TEMPORARY)], env=env)
+    temporary = timed([PY, "-c", with_tls(RAW_EMBEDDED, temporary=True)], env=env)
     ratios["c"] = ck_embedded / raw_embedded
     ratios["c_temporary"] = ck_embedded / temporary
     if old is not None:
