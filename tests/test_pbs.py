@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from clusterkit.backends.jobqueue.backend import PBSBackend
+from clusterkit.backends.jobqueue.pbs import PBSBackend
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import PBSProfile
 from clusterkit.security import ClusterSecurity
@@ -180,7 +180,7 @@ def test_resources_and_walltime_in_pbs_terms() -> None:
 
 
 def test_qstat_full_is_parsed() -> None:
-    from clusterkit.backends.jobqueue.batch import parse_qstat_full
+    from clusterkit.backends.jobqueue.pbs import parse_qstat_full
 
     text = (  # PBS Pro wraps long values onto lines that start with a tab
         "Job Id: 17.server\n"

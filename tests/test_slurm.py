@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from clusterkit import api
-from clusterkit.backends.jobqueue.backend import SLURMBackend
 from clusterkit.backends.jobqueue.jobs import lifetime_plan
+from clusterkit.backends.jobqueue.slurm import SLURMBackend
 from clusterkit.client import get_client
 from clusterkit.errors import ClusterStartError
 from clusterkit.schema import SLURMProfile

@@ -201,7 +201,8 @@ def resubmit(record: RunRecord) -> str:
 
 
 def queue_for(record: RunRecord) -> Any:
-    from clusterkit.backends.jobqueue.batch import PBSQueue, SlurmQueue
+    from clusterkit.backends.jobqueue.pbs import PBSQueue
+    from clusterkit.backends.jobqueue.slurm import SlurmQueue
 
     return SlurmQueue() if (record.batch or {}).get("system") == "slurm" else PBSQueue()
 
@@ -251,7 +252,7 @@ def stop(record: RunRecord, timeout: float) -> RunRecord:
         pending = record.state == "queued"
         if pending or time.monotonic() > deadline or not queue.jobs([job]):
             if job:
-                from clusterkit.backends.jobqueue.batch import cancel_and_wait
+                from clusterkit.backends.jobqueue.commands import cancel_and_wait
 
                 cancel_and_wait(queue, [job], timeout=30.0)
             record = get(record.id)

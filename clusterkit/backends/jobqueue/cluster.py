@@ -1,18 +1,19 @@
-"""dask-jobqueue clusters whose close also makes sure the batch queue holds none of their jobs.
+"""The job/cluster base of every batch system: submitting a cluster's jobs, replacing jobs that
+ended, and a close that waits until the batch queue holds none of the cluster's jobs.
 
-Imported only inside the backend's ``create`` (it imports dask_jobqueue).
+A batch system's cluster class is dask-jobqueue's with ``DrainOnClose`` mixed in
+(``drained(SLURMCluster, queue)``); made on first use, so importing a backend imports no
+dask-jobqueue.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
-from dask_jobqueue import HTCondorCluster, PBSCluster, SGECluster, SLURMCluster
-
-from clusterkit.backends.jobqueue.batch import BatchQueue, PBSQueue, SlurmQueue, cancel_and_wait
-from clusterkit.backends.jobqueue.htcondor import HTCondorQueue
-from clusterkit.backends.jobqueue.sge import SGEQueue
+from clusterkit.backends.jobqueue.commands import BatchQueue, cancel_and_wait
+from clusterkit.errors import ClusterStartError
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def job_ids(cluster: Any, *, current: bool = False) -> list[str]:
     return sorted(now if current else seen, key=lambda j: (len(j), j))
 
 
-class _DrainOnClose:
+class DrainOnClose:
     """Mixin: replace jobs that ended; on close, wait until the queue no longer lists any job.
 
     SpecCluster forgets a job whose worker left (``lost-worker-timeout`` later) but keeps its
@@ -81,21 +82,42 @@ class _DrainOnClose:
             self.jobs_left = left
 
 
-class ClusterkitSLURMCluster(_DrainOnClose, SLURMCluster):
-    system = "slurm"
-    queue = SlurmQueue()
+@functools.cache
+def drained(base: type[Any], queue: BatchQueue) -> type[Any]:
+    """``Clusterkit<base>``: a dask-jobqueue cluster class with DrainOnClose mixed in, made on
+    first use (a batch system's module then imports dask-jobqueue only when a cluster is made)
+    and named after the module of the batch system's queue commands."""
+    namespace = {"system": queue.system, "queue": queue, "__module__": type(queue).__module__}
+    return type(f"Clusterkit{base.__name__}", (DrainOnClose, base), namespace)
 
 
-class ClusterkitPBSCluster(_DrainOnClose, PBSCluster):
-    system = "pbs"
-    queue = PBSQueue()
+def submit(cluster: Any, workers: int) -> None:
+    """Submit jobs for ``workers`` workers now; a rejected submission raises ClusterStartError."""
+    try:
+        cluster.sync(_submit_now, cluster, workers)
+    except RuntimeError as error:
+        text = str(error)
+        stderr = text.split("stderr:", 1)[1] if "stderr:" in text else text
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        first = lines[0] if lines else text.strip()
+        raise ClusterStartError(
+            f"the batch system rejected the job: {first}",
+            component=f"{getattr(cluster, 'system', 'batch')} job submission",
+            evidence=lines[-12:],
+            hint="check queue/partition, account, walltime, cores and memory in the profile",
+        ) from error
 
 
-class ClusterkitSGECluster(_DrainOnClose, SGECluster):
-    system = "sge"
-    queue = SGEQueue()
+async def _submit_now(cluster: Any, workers: int) -> None:
+    # scale() only schedules the submission; awaiting it here (in the loop, before that
+    # callback runs) makes this call the one that submits, so a Job's failure reaches us
+    from distributed.core import Status
 
-
-class ClusterkitHTCondorCluster(_DrainOnClose, HTCondorCluster):
-    system = "htcondor"
-    queue = HTCondorQueue()
+    cluster.scale(workers)
+    try:
+        await cluster._correct_state()
+    except Exception:
+        for job in cluster._created:  # never submitted: let SpecCluster's close accept them
+            if job.status == Status.created:
+                job.status = Status.failed
+        raise

@@ -12,8 +12,9 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.backends.jobqueue.backend import JobQueueBackend
-from clusterkit.backends.jobqueue.batch import JobInfo, _run
+from clusterkit.backends.jobqueue.cluster import drained
+from clusterkit.backends.jobqueue.commands import JobInfo, run_command
+from clusterkit.backends.jobqueue.core import JobQueueBackend
 from clusterkit.schema import HTCondorProfile
 from clusterkit.units import walltime_seconds
 
@@ -58,7 +59,7 @@ class HTCondorQueue:
     def named(self, job_name: str) -> list[str]:
         """Ids (cluster.proc) of this user's jobs with that batch name."""
         constraint = f'JobBatchName == "{job_name}"'
-        done = _run(["condor_q", "-constraint", constraint, "-af:j", "JobStatus"])
+        done = run_command(["condor_q", "-constraint", constraint, "-af:j", "JobStatus"])
         return (
             [line.split()[0] for line in done.stdout.splitlines()] if done and done.stdout else []
         )
@@ -67,7 +68,7 @@ class HTCondorQueue:
         wanted = sorted({str(j) for j in job_ids if j})
         if not wanted:
             return {}
-        done = _run(["condor_q", *wanted, "-af:j", "JobStatus", "RemoteHost", "HoldReason"])
+        done = run_command(["condor_q", *wanted, "-af:j", "JobStatus", "RemoteHost", "HoldReason"])
         if done is None or done.returncode != 0:
             return {}
         return {k: v for k, v in parse_condor_q(done.stdout).items() if k in wanted}
@@ -76,13 +77,13 @@ class HTCondorQueue:
         return None  # HTCondor matches machines, it has no queues
 
     def stderr_path(self, job_id: str) -> str | None:
-        done = _run(["condor_q", str(job_id), "-af", "Err"])
+        done = run_command(["condor_q", str(job_id), "-af", "Err"])
         path = done.stdout.strip() if done is not None and done.returncode == 0 else ""
         return path if path and path not in {"undefined", "/dev/null"} else None
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
-            _run(["condor_rm", *job_ids])
+            run_command(["condor_rm", *job_ids])
 
 
 class HTCondorBackend(JobQueueBackend):
@@ -100,9 +101,9 @@ class HTCondorBackend(JobQueueBackend):
         return HTCondorJob
 
     def cluster_class(self) -> type[Any]:
-        from clusterkit.backends.jobqueue.cluster import ClusterkitHTCondorCluster
+        from dask_jobqueue import HTCondorCluster
 
-        return ClusterkitHTCondorCluster
+        return drained(HTCondorCluster, self.QUEUE)
 
     def job_options(
         self, profile: JobQueueProfile, security: ClusterSecurity, job_name: str

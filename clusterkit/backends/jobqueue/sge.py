@@ -17,8 +17,9 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.base import Check
-from clusterkit.backends.jobqueue.backend import JobQueueBackend
-from clusterkit.backends.jobqueue.batch import JobInfo, _run
+from clusterkit.backends.jobqueue.cluster import drained
+from clusterkit.backends.jobqueue.commands import JobInfo, run_command
+from clusterkit.backends.jobqueue.core import JobQueueBackend
 from clusterkit.backends.jobqueue.jobs import hms
 from clusterkit.schema import SGEProfile
 
@@ -88,7 +89,7 @@ class SGEQueue:
     cancel_command = "qdel"
 
     def _all(self, user: str) -> list[tuple[str, JobInfo]]:
-        done = _run(["qstat", "-u", user, "-xml"])
+        done = run_command(["qstat", "-u", user, "-xml"])
         if done is None or done.returncode != 0:
             return []
         return parse_qstat_xml(done.stdout)
@@ -98,7 +99,7 @@ class SGEQueue:
         return [job.job_id for name, job in self._all(getpass.getuser()) if name == job_name]
 
     def _details(self, job_id: str) -> dict[str, str]:
-        done = _run(["qstat", "-j", job_id])
+        done = run_command(["qstat", "-j", job_id])
         return parse_qstat_j(done.stdout) if done is not None and done.returncode == 0 else {}
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
@@ -115,7 +116,7 @@ class SGEQueue:
         return found
 
     def queue_exists(self, name: str) -> bool | None:
-        done = _run(["qconf", "-sq", name])
+        done = run_command(["qconf", "-sq", name])
         return None if done is None else done.returncode == 0
 
     def stderr_path(self, job_id: str) -> str | None:
@@ -124,7 +125,7 @@ class SGEQueue:
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
-            _run(["qdel", *job_ids])
+            run_command(["qdel", *job_ids])
 
 
 def memory_per_slot(profile: JobQueueProfile) -> str:
@@ -149,9 +150,9 @@ class SGEBackend(JobQueueBackend):
         return SGEJob
 
     def cluster_class(self) -> type[Any]:
-        from clusterkit.backends.jobqueue.cluster import ClusterkitSGECluster
+        from dask_jobqueue import SGECluster
 
-        return ClusterkitSGECluster
+        return drained(SGECluster, self.QUEUE)
 
     def gpu_directives(self, profile: JobQueueProfile) -> list[str]:
         gpus = profile.worker.gpus * profile.processes
@@ -184,7 +185,7 @@ class SGEBackend(JobQueueBackend):
         checks = []
         wanted = [profile.memory_resource] if profile.memory_resource else []
         wanted += [profile.gpu_resource] if profile.worker.gpus else []
-        done = _run(["qconf", "-sc"]) if wanted else None
+        done = run_command(["qconf", "-sc"]) if wanted else None
         known = _complexes(done.stdout) if done and done.returncode == 0 else set()
         for name in wanted if known else []:
             checks.append(
@@ -196,7 +197,7 @@ class SGEBackend(JobQueueBackend):
                 )
             )
         if profile.parallel_environment:
-            done = _run(["qconf", "-sp", profile.parallel_environment])
+            done = run_command(["qconf", "-sp", profile.parallel_environment])
             if done is not None:
                 checks.append(
                     Check(

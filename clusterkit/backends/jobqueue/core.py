@@ -1,32 +1,29 @@
-"""What every batch backend shares (``JobQueueBackend``), and the slurm and pbs backends:
-dask-jobqueue's SLURMCluster and PBSCluster, walltime-aware."""
+"""The backend every batch system shares, in dask-jobqueue's shape (its ``core.py``):
+``JobQueueBackend`` renders, creates, describes, explains, tears down and checks a cluster of
+batch jobs through the hooks each batch system's module (``slurm``, ``pbs``, ``sge``,
+``htcondor``) fills: its queue commands, its dask-jobqueue Job and its cluster class.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from clusterkit.backends.base import Backend, Capability, Check, Requirement, StatusRow
-from clusterkit.backends.jobqueue.batch import (
-    BatchQueue,
-    JobInfo,
-    PBSQueue,
-    SlurmQueue,
-    cancel_and_wait,
-    tail,
-)
+from clusterkit.backends.jobqueue.cluster import job_ids, submit
+from clusterkit.backends.jobqueue.commands import BatchQueue, JobInfo, cancel_and_wait, tail
 from clusterkit.backends.jobqueue.jobs import (
     ADDRESS_PLACEHOLDER,
     WORKER_NAME_PLACEHOLDER,
     UnmadeDirectory,
-    hms,
     job_kwargs,
+    scheduler_host,
     scheduler_options,
 )
+from clusterkit.backends.options import LOOPBACK
 from clusterkit.errors import BadInput, ClusterkitError, ClusterStartError
-from clusterkit.schema import PBSProfile, SLURMProfile
 
 if TYPE_CHECKING:
     from distributed.deploy.cluster import Cluster
@@ -34,8 +31,6 @@ if TYPE_CHECKING:
     from clusterkit.schema import JobQueueProfile
     from clusterkit.security import ClusterSecurity
     from clusterkit.state import ClusterRecord
-
-logger = logging.getLogger(__name__)
 
 
 def _log_places(profile: JobQueueProfile) -> dict[str, Any]:
@@ -220,8 +215,6 @@ class JobQueueBackend(Backend):
 
     def describe(self, cluster: Any, profile: JobQueueProfile) -> list[StatusRow]:
         """One row per job: the batch system's state and, for pending jobs, its reason."""
-        from clusterkit.backends.jobqueue.cluster import job_ids
-
         ids = job_ids(cluster, current=True)  # not the jobs already replaced
         known = self.QUEUE.jobs(ids)
         rows = []
@@ -240,8 +233,6 @@ class JobQueueBackend(Backend):
 
     def evidence(self, cluster: Any, profile: JobQueueProfile) -> list[str]:
         """Each job's state (and pending reason), then the tail of its stderr log."""
-        from clusterkit.backends.jobqueue.cluster import job_ids
-
         ids = job_ids(cluster)
         known = self.QUEUE.jobs(ids)
         lines = []
@@ -274,116 +265,41 @@ class JobQueueBackend(Backend):
         return str(max(logs, key=lambda p: p.stat().st_mtime)) if logs else None
 
     def doctor(self, profile: JobQueueProfile, security: ClusterSecurity) -> list[Check]:
-        from clusterkit.backends.jobqueue.doctor import doctor
+        return self.queue_checks(profile) + self.site_checks(profile)
 
-        return doctor(self, profile) + self.site_checks(profile)
+    def queue_checks(self, profile: JobQueueProfile) -> list[Check]:
+        """The submit command on PATH, where the scheduler binds, and the queue exists."""
+        submit_command = self.job_class().submit_command
+        found = shutil.which(submit_command)
+        checks = [
+            Check(
+                f"{submit_command} on PATH",
+                ok=found is not None,
+                detail=found or "not found",
+                fix=f"run on a {self.NAME.upper()} login node (or load its module)",
+            )
+        ]
+        if scheduler_host(profile) == LOOPBACK:
+            checks.append(
+                Check(
+                    "scheduler reachable from compute nodes",
+                    ok=True,
+                    detail="scheduler binds 127.0.0.1: only jobs on this host can reach it",
+                    fix="set interface (e.g. ib0) or scheduler.host for a multi-node site",
+                )
+            )
+        known = self.QUEUE.queue_exists(profile.queue) if profile.queue and found else None
+        if known is not None:
+            checks.append(
+                Check(
+                    f"{self.NAME} queue '{profile.queue}'",
+                    ok=known,
+                    detail="exists" if known else "the batch system does not know it",
+                    fix=f"set queue to one listed by {self.QUEUE_HINT}",
+                )
+            )
+        return checks
 
     def site_checks(self, profile: JobQueueProfile) -> list[Check]:
         """Checks only this batch system has (its resources, parallel environments)."""
         return []
-
-
-class SLURMBackend(JobQueueBackend):
-    """Workers in SLURM jobs (dask_jobqueue.SLURMCluster)."""
-
-    NAME = "slurm"
-    Profile = SLURMProfile
-    JOB_NAME_LIMIT = 64
-    QUEUE = SlurmQueue()
-    LOG_PATTERN = "*.err"
-    QUEUE_HINT = "`sinfo -s`"
-
-    def job_class(self) -> type[Any]:
-        from dask_jobqueue.slurm import SLURMJob
-
-        return SLURMJob
-
-    def cluster_class(self) -> type[Any]:
-        from clusterkit.backends.jobqueue.cluster import ClusterkitSLURMCluster
-
-        return ClusterkitSLURMCluster
-
-    def gpu_directives(self, profile: JobQueueProfile) -> list[str]:
-        gpus = profile.worker.gpus * profile.processes
-        if not gpus:
-            return []
-        if getattr(profile, "gpu_directive", "gres") == "gpus-per-task":
-            return [f"--gpus-per-task={gpus}"]  # jobqueue's jobs are one task
-        return [f"--gres=gpu:{gpus}"]
-
-    def log_in(self, directory: str, job_name: str, job_id: str) -> str:
-        return os.path.join(directory, f"{job_name}-{job_id}.err")  # "#SBATCH -e {dir}/...-%J.err"
-
-    def default_log_in(self, directory: str, job_name: str, job_id: str) -> str:
-        return os.path.join(directory, f"slurm-{job_id}.out")  # sbatch's default, both streams
-
-
-class PBSBackend(JobQueueBackend):
-    """Workers in PBS jobs (dask_jobqueue.PBSCluster); GPUs go into the select statement."""
-
-    NAME = "pbs"
-    Profile = PBSProfile
-    JOB_NAME_LIMIT = 15  # Torque and older PBS; PBS Pro allows more
-    QUEUE = PBSQueue()
-    LOG_PATTERN = "{job_name}.e*"
-    QUEUE_HINT = "`qstat -Q`"
-
-    def job_class(self) -> type[Any]:
-        from dask_jobqueue.pbs import PBSJob
-
-        return PBSJob
-
-    def cluster_class(self) -> type[Any]:
-        from clusterkit.backends.jobqueue.cluster import ClusterkitPBSCluster
-
-        return ClusterkitPBSCluster
-
-    def job_options(
-        self, profile: JobQueueProfile, security: ClusterSecurity, job_name: str
-    ) -> dict[str, Any]:
-        from dask_jobqueue.pbs import pbs_format_bytes_ceil
-
-        kwargs = super().job_options(profile, security, job_name)
-        kwargs["walltime"] = hms(profile.walltime)  # no days
-        spec = getattr(profile, "resource_spec", None)
-        if spec is None:
-            spec = f"select=1:ncpus={profile.cores}:mem={pbs_format_bytes_ceil(profile.memory)}"
-            gpus = profile.worker.gpus * profile.processes
-            spec += f":ngpus={gpus}" if gpus else ""
-        kwargs["resource_spec"] = spec
-        return kwargs
-
-    def log_in(self, directory: str, job_name: str, job_id: str) -> str:
-        return os.path.join(directory, f"{job_name}.e{job_id}")  # PBS's default name
-
-
-def submit(cluster: Any, workers: int) -> None:
-    """Submit jobs for ``workers`` workers now; a rejected submission raises ClusterStartError."""
-    try:
-        cluster.sync(_submit_now, cluster, workers)
-    except RuntimeError as error:
-        text = str(error)
-        stderr = text.split("stderr:", 1)[1] if "stderr:" in text else text
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        first = lines[0] if lines else text.strip()
-        raise ClusterStartError(
-            f"the batch system rejected the job: {first}",
-            component=f"{getattr(cluster, 'system', 'batch')} job submission",
-            evidence=lines[-12:],
-            hint="check queue/partition, account, walltime, cores and memory in the profile",
-        ) from error
-
-
-async def _submit_now(cluster: Any, workers: int) -> None:
-    # scale() only schedules the submission; awaiting it here (in the loop, before that
-    # callback runs) makes this call the one that submits, so a Job's failure reaches us
-    from distributed.core import Status
-
-    cluster.scale(workers)
-    try:
-        await cluster._correct_state()
-    except Exception:
-        for job in cluster._created:  # never submitted: let SpecCluster's close accept them
-            if job.status == Status.created:
-                job.status = Status.failed
-        raise

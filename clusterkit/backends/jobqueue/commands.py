@@ -1,0 +1,80 @@
+"""The queue-command plumbing every batch system shares: one job as the batch system reports
+it (``JobInfo``), what the backends ask of a queue (``BatchQueue``), running one of its
+commands, cancelling jobs and waiting until they are gone, the tail of a job's log."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+COMMAND_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One batch job as the batch system reports it."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    elapsed: str = ""
+    stderr_path: str | None = None
+
+
+class BatchQueue(Protocol):
+    """What the backends ask of a batch system's command-line tools."""
+
+    system: str
+    cancel_command: str
+
+    def named(self, job_name: str) -> list[str]: ...
+    def jobs(self, job_ids: Iterable[str]) -> dict[str, JobInfo]: ...
+    def queue_exists(self, name: str) -> bool | None: ...
+    def stderr_path(self, job_id: str) -> str | None: ...
+    def cancel(self, job_ids: Sequence[str]) -> None: ...
+
+
+def run_command(command: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
+    """The command's result, or None when it could not run (missing, timed out)."""
+    try:
+        return subprocess.run(
+            list(command), capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        logger.warning("%s failed: %s", command[0], error)
+        return None
+
+
+def cancel_and_wait(queue: BatchQueue, job_ids: Sequence[str], timeout: float) -> list[str]:
+    """Cancel jobs still queued and wait until the queue no longer lists them; the ones left."""
+    left = sorted(queue.jobs(job_ids))
+    deadline = time.monotonic() + timeout
+    cancelled = False
+    while left:
+        if not cancelled:
+            queue.cancel(left)
+            cancelled = True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+        left = sorted(queue.jobs(left))
+    return left
+
+
+def tail(path: str | None, lines: int = 10) -> list[str]:
+    """The last non-blank lines of a job's log file (empty if it is not readable here)."""
+    if not path:
+        return []
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
