@@ -14,6 +14,12 @@ what it had not flushed, nothing outside the driver had seen. A trial whose resu
 but not yet flushed is, after a kill, either absent (it is asked again) or RUNNING (resume fails
 it as an orphan and enqueues its parameters again), exactly as if the kill had come a moment
 before the result arrived.
+
+A pickled storage (Optuna's ``JournalStorage`` pickles its backend: a study sent to another
+process, a deep copy) is a second handle on the same file. Pickling flushes first, so the copy
+reads every write made before it; the copy starts with its own lock and nothing pending. Like
+the original, it reads the file up to the logs it knows are there: one handle writes a study
+at a time (one driver).
 """
 
 from __future__ import annotations
@@ -32,7 +38,23 @@ class BatchedJournalBackend(JournalFileBackend):
         super().__init__(file_path)
         self._pending: list[dict[str, Any]] = []
         self._buffer_lock = threading.Lock()
-        self._on_disk = sum(1 for _ in super().read_logs(0))
+        self._on_disk = self._count_on_disk(0)
+
+    def _count_on_disk(self, known: int) -> int:
+        """The logs in the file, counting on from ``known`` (read once, offsets cached)."""
+        return known + sum(1 for _ in super().read_logs(known))
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.flush()
+        state = self.__dict__.copy()
+        del state["_buffer_lock"], state["_pending"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._buffer_lock = threading.Lock()
+        self._pending = []
+        self._on_disk = self._count_on_disk(self._on_disk)  # what was flushed since the pickle
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         with self._buffer_lock:
