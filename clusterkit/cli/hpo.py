@@ -106,8 +106,8 @@ def hpo(
 ) -> str | None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage.
 
-    With --detach the search runs in the background (`clusterkit runs` lists it); with
-    --batch scheduler, driver and workers run inside one job of the profile's batch system."""
+    With --detach the search runs in the background (`clusterkit runs` lists it).
+    With --batch, scheduler, driver and workers run in one job of the profile's batch system."""
     counts = {"max_restarts": max_restarts, "ranks_per_trial": ranks_per_trial}
     _check_numbers(trials, direction, gpus_per_trial, timeout, lookahead=lookahead, **counts)
     from clusterkit.runners.hpo import inputs as hpo_inputs

@@ -78,9 +78,9 @@ def train(
 ) -> str | None:
     """Train with DistributedDataParallel: one rank per worker (per GPU), torchrun's env.
 
-    Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings). Ranks run
-    in the project directory (in place on a shared disk, else a synced copy). The status line
-    shows rank 0's latest progress: its checkpoints' epoch, or what it reports.
+    Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings).
+    Ranks run in the project directory (in place on a shared disk, else a synced copy).
+    The status line shows rank 0's latest progress: its checkpoints' epoch, or what it reports.
     """
     from clusterkit.runners.ddp.script import load_target
 
