@@ -162,5 +162,10 @@ def dashboard_tunnel(record: Any) -> tuple[str, str] | None:
             return f"{forward} {port}:8787", local
         return None
     if record.host != HOST and is_loopback(link.hostname or ""):
-        return f"ssh -N -L {port}:127.0.0.1:{port} {record.host}", local
+        return ssh_tunnel(record.host, port), local
     return None
+
+
+def ssh_tunnel(host: str, port: int) -> str:
+    """The command that forwards local ``port`` to ``port`` on the loopback of ``host``."""
+    return f"ssh -N -L {port}:127.0.0.1:{port} {host}"

@@ -103,6 +103,9 @@ def hpo(
     batch: bool = typer.Option(
         False, "--batch", help="Run all of it in one SLURM/PBS job; print its ID."
     ),
+    dashboard: bool = typer.Option(
+        False, "--dashboard", help="Live optuna-dashboard of the study, read-only, on 127.0.0.1."
+    ),
 ) -> str | None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage.
 
@@ -132,12 +135,14 @@ def hpo(
 def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[str, Any]) -> None:
     """The search, driven from this process."""
     from clusterkit import console
+    from clusterkit.cli.runs import search_dashboard
     from clusterkit.client import get_client
     from clusterkit.runners.hpo import best_summary, run
 
     folder = params["out"] or f"{name}-results"
     gpus = params["gpus_per_trial"]
     client = get_client(params["profile"])
+    view = search_dashboard(params["dashboard"], store, name, client, params["profile"])
     try:
         study = run(
             objective,
@@ -156,6 +161,7 @@ def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[
             lookahead=params["lookahead"],
         )
     finally:
+        view.close()
         client.close()
     console.message(best_summary(study))
     console.message(f"results: {folder}/ (report.html, trials.csv, *.png)")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -131,6 +134,57 @@ def show(
             typer.echo(f"{key + ':':12} {value}")
     for number, reason in enumerate(reasons, 1):
         console.message(f"restart {number}: {reason}")
+
+
+@runs_app.command()
+def dashboard(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    port: int = typer.Option(0, "--port", help="Port on 127.0.0.1; 0: a free one."),
+) -> None:
+    """Serve the search's study in optuna-dashboard, read-only, on 127.0.0.1 until Ctrl-C;
+    the cluster's Dask dashboard is linked beside it."""
+    from clusterkit.errors import BadInput
+    from clusterkit.runners.hpo import dashboard as study_dashboard
+    from clusterkit.runs.dashboard import study_of
+
+    if not 0 <= port <= 65535:
+        raise BadInput(f"--port must be 0..65535, got {port}")
+    study = study_of(run_id)
+    with study_dashboard.serve(study.storage, study.study_name, port=port) as view:
+        for line in study_dashboard.links(view, cluster=study.cluster):
+            typer.echo(line)
+        typer.echo("serving until Ctrl-C", err=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            _until_interrupted()
+
+
+def _until_interrupted() -> None:
+    """Sleep until Ctrl-C (or SIGTERM, taken as one)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    while True:
+        time.sleep(3600)
+
+
+class _NoDashboard:
+    def close(self) -> None:
+        pass
+
+
+def search_dashboard(enabled: bool, storage: Any, name: str, client: Any, profile: Any) -> Any:
+    """`hpo --dashboard`: the study's dashboard served (its links on stderr) until ``close()``;
+    without the flag, nothing to close."""
+    if not enabled:
+        return _NoDashboard()
+    from clusterkit import console, state
+    from clusterkit.runners.hpo import dashboard as study_dashboard
+
+    cluster = state.read_record(profile) if profile and "/" not in profile else None
+    if cluster is not None and not state.is_live(cluster):
+        cluster = None
+    view = study_dashboard.serve(storage, name)
+    for line in study_dashboard.links(view, cluster=cluster, client=client):
+        console.message(line)
+    return view
 
 
 def register(app: typer.Typer) -> None:

@@ -36,6 +36,7 @@ class BatchedJournalBackend(JournalFileBackend):
 
     def __init__(self, file_path: str) -> None:
         super().__init__(file_path)
+        self.path = file_path
         self._pending: list[dict[str, Any]] = []
         self._buffer_lock = threading.Lock()
         self._on_disk = self._count_on_disk(0)
@@ -84,6 +85,12 @@ def open_journal(path: str) -> Any:
     from optuna.storages import JournalStorage
 
     return JournalStorage(BatchedJournalBackend(path))
+
+
+def journal_path(storage: Any) -> str | None:
+    """The journal file ``storage`` writes (one :func:`open_journal` made), else None."""
+    backend = getattr(storage, "_backend", None)
+    return backend.path if isinstance(backend, BatchedJournalBackend) else None
 
 
 def flush(storage: Any) -> None:
