@@ -105,10 +105,11 @@ def down(name: str, *, timeout: float = DOWN_TIMEOUT) -> None:
 
 
 def stop_runs_on(name: str) -> list[str]:
-    """Detached runs on ``name`` are stopped first (their studies keep finished trials)."""
-    from clusterkit import runs
+    """Detached runs on ``name`` are stopped first (their studies keep finished trials): the
+    ``before_down`` hooks, which clusterkit.runs registers; the IDs of the runs stopped."""
+    from clusterkit.lifecycle import hooks
 
-    return runs.stop_on_cluster(name)
+    return hooks.call(hooks.BEFORE_DOWN, name)
 
 
 def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[str]:

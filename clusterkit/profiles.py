@@ -281,7 +281,7 @@ def _is_cuda_option(name: str, model: Any) -> bool:
 def validate(located: Located, name: str, source: str) -> ProfileCommon:
     from pydantic import ValidationError
 
-    from clusterkit.backends.base import BUILTIN, names, profile_model
+    from clusterkit.registry import BUILTIN, names, profile_model
 
     data = located.data
     backend = data.get("backend")

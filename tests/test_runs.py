@@ -18,7 +18,8 @@ import pytest
 
 from clusterkit import api, runs, state
 from clusterkit.runners.hpo.inputs import ATTR_ORPHANED, counted
-from clusterkit.runs.records import RunRecord, shown_state
+from clusterkit.runs.records import RunRecord
+from clusterkit.runs.status import shown_state
 
 pytestmark = pytest.mark.local
 

@@ -1,4 +1,5 @@
-"""The Backend base class (every hook declared once, with its default) and the registry.
+"""The Backend base class (every hook declared once, with its default) and ``get_backend``
+over the registry (:mod:`clusterkit.registry`, whose names this module re-exports).
 
 A backend subclasses :class:`Backend`, names its pydantic profile model in ``Profile`` and
 overrides the hooks that differ. Importing a backend module must not import its wrapped
@@ -11,12 +12,15 @@ validates their profiles.
 from __future__ import annotations
 
 import enum
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from clusterkit import registry
 from clusterkit.errors import BackendUnavailable, BadInput, CapabilityMissing
+from clusterkit.registry import BUILTIN as BUILTIN
+from clusterkit.registry import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from clusterkit.registry import names as names
+from clusterkit.registry import profile_model as profile_model
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -163,20 +167,6 @@ class Backend:
 
 # ---------------------------------------------------------------------------- registry
 
-BUILTIN: dict[str, str] = {
-    "local": "clusterkit.backends.local:LocalBackend",
-    "local-cuda": "clusterkit.backends.local:LocalCUDABackend",
-    "ssh": "clusterkit.backends.ssh.backend:SSHBackend",
-    "slurm": "clusterkit.backends.jobqueue.slurm:SLURMBackend",
-    "pbs": "clusterkit.backends.jobqueue.pbs:PBSBackend",
-    "sge": "clusterkit.backends.jobqueue.sge:SGEBackend",
-    "htcondor": "clusterkit.backends.jobqueue.htcondor:HTCondorBackend",
-    "kubernetes": "clusterkit.backends.kubernetes.backend:KubernetesBackend",
-    "address": "clusterkit.backends.address:AddressBackend",
-}
-
-ENTRY_POINT_GROUP = "clusterkit.backends"
-
 _loaded: dict[str, Backend] = {}
 
 
@@ -187,27 +177,11 @@ def _instance(found: Any) -> Backend:
     return backend
 
 
-def _entry_points() -> dict[str, Callable[[], Any]]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.load for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def get_backend(name: str) -> Backend:
     """The backend registered under ``name`` (built-in first, then entry points)."""
-    if name in _loaded:
-        return _loaded[name]
-    if name in BUILTIN:
-        module_name, _, attr = BUILTIN[name].partition(":")
-        backend = _instance(getattr(importlib.import_module(module_name), attr))
-    else:
-        third_party = _entry_points()
-        if name not in third_party:
-            known = ", ".join(sorted({*BUILTIN, *third_party}))
-            raise CapabilityMissing(f"no backend named '{name}'", hint=f"known: {known}")
-        backend = _instance(third_party[name]())
-    _loaded[name] = backend
-    return backend
+    if name not in _loaded:
+        _loaded[name] = _instance(registry.load(name))
+    return _loaded[name]
 
 
 #: Built-in backends that keep the default ``attach``: a client reaches their clusters from
@@ -234,16 +208,6 @@ def attach_plain(record: ClusterRecord, *, timeout: float) -> Client:
     return Client(
         record.address, security=security.distributed(), timeout=timeout, set_as_default=False
     )
-
-
-def profile_model(name: str) -> type[ProfileCommon]:
-    """The pydantic model that validates profiles of backend ``name``."""
-    return get_backend(name).Profile
-
-
-def names() -> list[str]:
-    """Built-in backends in their usual order, then third-party ones."""
-    return [*BUILTIN, *sorted(set(_entry_points()) - set(BUILTIN))]
 
 
 def require(backend: Backend, profile_name: str) -> None:

@@ -38,7 +38,7 @@ def _on_path(directory: str | None) -> Iterator[None]:
         sys.path.remove(directory)
 
 
-def _cluster_up(name: str) -> bool:
+def cluster_is_up(name: str) -> bool:
     """Whether ``name`` is a cluster from `up` (attached to by name: no profile needed)."""
     from clusterkit import state
 
@@ -118,7 +118,7 @@ def hpo(
     project = None if no_workdir else _project(target, workdir, workdir_max_size)
     with _on_path(project.root if project is not None else None):
         objective = hpo_inputs.load_objective(target)
-    if profile is not None and not _cluster_up(profile):  # an unknown profile fails here
+    if profile is not None and not cluster_is_up(profile):  # an unknown profile fails here
         from clusterkit.profiles import load_profile
 
         load_profile(profile)

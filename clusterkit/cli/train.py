@@ -37,9 +37,9 @@ def _checked_profile(profile: str | None, world_size: int | None, max_restarts: 
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if max_restarts < 0:
         raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
-    from clusterkit.cli.hpo import _cluster_up
+    from clusterkit.cli.hpo import cluster_is_up
 
-    if profile is not None and _cluster_up(profile):  # a cluster from `up`, by its name
+    if profile is not None and cluster_is_up(profile):  # a cluster from `up`, by its name
         return profile
     model = load_profile(profile)
     capacity = _capacity(model)

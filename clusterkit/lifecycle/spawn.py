@@ -113,7 +113,7 @@ def double_fork(grandchild: Callable[[], int]) -> None:
         os._exit(code)
 
 
-def _redirect_stdio(log: Path | None, keep: int | tuple[int, ...]) -> None:
+def redirect_stdio(log: Path | None, keep: int | tuple[int, ...]) -> None:
     """stdin from /dev/null, stdout and stderr to the log (None: /dev/null); every other
     inherited fd but ``keep`` closed."""
     null = os.open(os.devnull, os.O_RDONLY)

@@ -23,7 +23,7 @@ from typing import Any
 from clusterkit import state
 from clusterkit.backends.base import Capability, backend_for
 from clusterkit.errors import ClusterkitError
-from clusterkit.lifecycle import control
+from clusterkit.lifecycle import control, hooks
 from clusterkit.lifecycle.start import Claim, Started, start_cluster
 from clusterkit.schema import ProfileCommon
 from clusterkit.security import ClusterSecurity
@@ -149,11 +149,10 @@ class Supervisor:
                 return
 
     def _resume_lost_runs(self) -> None:
-        """Detached runs on this cluster whose monitor died start again (clusterkit.runs)."""
-        from clusterkit import runs
-
+        """Detached runs on this cluster whose monitor died start again: the ``watch`` hooks
+        (clusterkit.runs registers the one that resumes them)."""
         try:
-            for run_id in runs.resume_lost_on_cluster(self.name):
+            for run_id in hooks.call(hooks.WATCH, self.name):
                 logger.warning("run %s lost its monitor: resumed", run_id)
         except Exception:
             logger.exception("resuming the lost runs of %s failed", self.name)

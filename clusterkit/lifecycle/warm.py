@@ -21,7 +21,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clusterkit.lifecycle.spawn import _redirect_stdio, can_fork, double_fork
+from clusterkit.lifecycle.spawn import can_fork, double_fork, redirect_stdio
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -90,7 +90,7 @@ def _first_pid(fd: int, timeout: float) -> int | None:
 def _warm_child(job_fd: int, reply_fd: int) -> int:
     """The supervisor's life when forked early: import, wait for the job, run it."""
     os.write(reply_fd, json.dumps({"pid": os.getpid()}).encode() + b"\n")
-    _redirect_stdio(None, keep=(job_fd, reply_fd))
+    redirect_stdio(None, keep=(job_fd, reply_fd))
     sys.modules["__main__"] = types.ModuleType("__main__")  # spawned workers re-import it
     try:
         import distributed  # noqa: F401

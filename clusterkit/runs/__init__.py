@@ -26,8 +26,8 @@ from clusterkit.runs.records import (
     get,
     new_id,
     progress,
-    shown_state,
 )
+from clusterkit.runs.status import shown_state
 
 __all__ = [
     "RunRecord",

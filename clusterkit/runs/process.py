@@ -104,9 +104,9 @@ def _to_log(log: Path, keep: int) -> None:
     """Stdio to ``log``, every other inherited fd closed (spawn's redirect), and a fresh
     ``__main__`` and terminal consoles: nothing of the launching command's terminal is kept."""
     from clusterkit import console
-    from clusterkit.lifecycle.spawn import _redirect_stdio
+    from clusterkit.lifecycle.spawn import redirect_stdio
 
-    _redirect_stdio(log, keep=keep)
+    redirect_stdio(log, keep=keep)
     sys.modules["__main__"] = types.ModuleType("__main__")
     console._stdout = console._stderr = None
 

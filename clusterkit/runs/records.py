@@ -132,25 +132,3 @@ def stop_requested(record: RunRecord) -> bool:
 
 def requeue_requested(record: RunRecord) -> bool:
     return (state.runs_dir() / record.id / REQUEUE_NAME).exists()
-
-
-def shown_state(record: RunRecord) -> str:
-    """The state as the user should see it: a run whose monitor or cluster is gone says so."""
-    if record.final:
-        failed = record.state == "failed" and record.reason
-        return f"{record.state} ({record.reason})" if failed else record.state
-    if record.batch is not None:
-        from clusterkit.runs.batch import job_state
-
-        return job_state(record)
-    if record.elsewhere:
-        return f"{record.state} on host {record.host}"
-    if record.monitor_pid is None:
-        return record.state
-    if not state.pid_alive(record.monitor_pid):
-        return f"lost: its monitor (pid {record.monitor_pid}) is gone"
-    if record.cluster is not None:
-        cluster = state.read_record(record.cluster)
-        if cluster is None or not state.is_live(cluster):
-            return f"cluster gone: '{record.cluster}' is no longer up"
-    return record.state
