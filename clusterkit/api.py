@@ -124,7 +124,8 @@ def down_all(*, timeout: float = DOWN_TIMEOUT, dead_only: bool = False) -> list[
 
 
 def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
-    """Clusters with worker and GPU counts; dead and unreadable ones are listed, not hidden."""
+    """Clusters with worker and GPU counts, in the order they started, the newest last (as
+    ``clusterkit runs`` lists runs); dead and unreadable ones are listed, not hidden."""
     rows = []
     for record in state.records():
         if orphans and state.is_live(record):
@@ -178,7 +179,7 @@ def list_clusters(*, orphans: bool = False) -> list[dict[str, Any]]:
                 "dashboard": None,
             }
         )
-    return rows
+    return sorted(rows, key=lambda row: (-row["age"], row["name"]))
 
 
 def _summary(record: ClusterRecord) -> dict[str, Any]:
@@ -194,10 +195,18 @@ def _worker_rows(record: ClusterRecord, timeout: float = 5) -> list[dict[str, An
     with connect(record, timeout=timeout) as client:
         info = scheduler_identity(client)
         processing = client.processing()
-    return [
+    rows = [
         monitor.worker_row(address, worker, len(processing.get(address, ())))
-        for address, worker in sorted(info["workers"].items())
+        for address, worker in info["workers"].items()
     ]
+    return sorted(rows, key=lambda row: (_natural_key(row["name"]), _natural_key(row["address"])))
+
+
+def _natural_key(text: str) -> list[tuple[int, int | str]]:
+    """Sorts ``worker-2`` before ``worker-10`` (and ``:9000`` before ``:10000``)."""
+    import re
+
+    return [(1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", text)]
 
 
 def list_resources(backend_name: str) -> list[dict[str, Any]]:

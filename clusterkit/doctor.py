@@ -84,9 +84,11 @@ def _connection_back(profile: ProfileCommon) -> Check:
 
     from distributed import Client, LocalCluster
 
+    from clusterkit.backends.options import LOOPBACK, dashboard_address
     from clusterkit.security import prepare
 
     scheduler = profile.scheduler  # type: ignore[attr-defined]
+    host = None if scheduler.interface else (scheduler.host or LOOPBACK)
     with tempfile.TemporaryDirectory(prefix="clusterkit-doctor-") as tmp:
         security = prepare(profile, Path(tmp), [scheduler.host] if scheduler.host else [])
         security.apply_env()
@@ -96,8 +98,11 @@ def _connection_back(profile: ProfileCommon) -> Check:
                     n_workers=1,
                     threads_per_worker=1,
                     processes=True,
-                    dashboard_address=None,
-                    host=None if scheduler.interface else (scheduler.host or "127.0.0.1"),
+                    # the scheduler serves HTTP even without a dashboard: a free port, never
+                    # 8787 (taken by a cluster that is up: distributed would warn)
+                    dashboard_address=dashboard_address(host, 0),
+                    scheduler_kwargs={"dashboard": False},
+                    host=host,
                     interface=scheduler.interface,
                     protocol=f"{security.scheme}://",
                     security=security.distributed(),

@@ -264,6 +264,7 @@ def remove_cluster(name: str) -> None:
     with contextlib.suppress(OSError, StateError):
         control_socket(name).unlink(missing_ok=True)
     shutil.rmtree(clusters_dir() / name, ignore_errors=True)
+    _drop_lock_file(name)
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -298,19 +299,48 @@ def records() -> list[ClusterRecord]:
 
 @contextlib.contextmanager
 def lock(name: str, wait: bool = True) -> Iterator[bool]:
-    """An exclusive lock on one cluster name (held while `up` or `down` runs)."""
+    """An exclusive lock on one cluster name (held while `up` or `down` runs). Unlinked, still
+    held, once nothing of the cluster is left: a waiter then finds another file (or none)."""
     path = _made_clusters_dir() / f"{name}.lock"
-    with writable(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
+    while True:
+        with writable(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            held = True
         except BlockingIOError:
-            held = False
-        yield held
-    finally:
+            os.close(fd)
+            yield False
+            return
+        if _is_file_at(fd, path):
+            break
         os.close(fd)
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError):
+            if not record_path(name).exists() and not (clusters_dir() / name).exists():
+                path.unlink()
+        os.close(fd)
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _drop_lock_file(name: str) -> None:
+    """Unlink the name's lock file unless it is held (its holder then unlinks it)."""
+    path = clusters_dir() / f"{name}.lock"
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _is_file_at(fd, path):
+                path.unlink()
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -110,8 +111,11 @@ def test_down_all_asks_on_a_terminal(daily: str) -> None:
     leader, follower = pty.openpty()
     try:  # the prompt needs a terminal on stdin
         process = subprocess.Popen(
-            [*CLI, "down", "--all"], stdin=follower, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            [*CLI, "down", "--all"],
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         os.write(leader, b"n\n")
         _, err = process.communicate(timeout=60)
@@ -134,7 +138,10 @@ def test_completion_of_profile_and_cluster_names(daily: str) -> None:
         }
         done = subprocess.run(
             [sys.executable, "-c", "from clusterkit.cli import main; main()"],
-            capture_output=True, text=True, env=env, timeout=60,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
         )
         return done.stdout.split()
 
@@ -146,6 +153,45 @@ def test_completion_of_profile_and_cluster_names(daily: str) -> None:
 def test_doctor_table_keeps_brackets() -> None:
     done = ck("doctor", "slurm-gpu")
     assert "extra [jobqueue]" in done.stdout
+
+
+def test_doctor_is_quiet_while_a_cluster_has_port_8787() -> None:
+    """The check's scheduler serves HTTP on a free port: no distributed warning about 8787."""
+    import socket
+
+    taken = socket.socket()
+    try:
+        with contextlib.suppress(OSError):  # taken by someone else already: as good
+            taken.bind(("127.0.0.1", 8787))
+            taken.listen()
+        done = ck("doctor")
+    finally:
+        taken.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "worker -> scheduler connection" in done.stdout
+    assert "8787" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
+def test_down_leaves_nothing_of_the_cluster_behind(daily: str) -> None:
+    """Record, folder and lock file: the name is free and nothing of it is left."""
+    assert ck("down", daily).returncode == 0
+    assert list(state.clusters_dir().iterdir()) == []
+
+
+def test_status_lists_workers_in_name_order(tmp_path: Path) -> None:
+    """Worker 2 before worker 10, not in the order of their random ports."""
+    path = tmp_path / "many.yaml"
+    path.write_text("backend: local\nworkers: 11\nprocesses: false\nworker: {threads: 1}\n")
+    assert ck("up", str(path)).returncode == 0
+    try:
+        info = json.loads(ck("status", "many", "--json").stdout)
+        table = ck("status", "many").stdout
+    finally:
+        api.down("many")
+    names = [str(number) for number in range(11)]
+    assert [worker["name"] for worker in info["workers"]] == names
+    rows = [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")]
+    assert rows == names
 
 
 def test_render_honours_threads_and_every_dask_cuda_option(tmp_path: Path) -> None:

@@ -36,6 +36,26 @@ app = typer.Typer(
 )
 
 
+def _flags_without_type() -> None:
+    """Newer typer (0.29 here) puts ``<bool>`` beside every flag in rich help, ``--help``
+    included, as if it took a value; click's plain help and older typer show none. Here
+    neither does rich help (a typer that fixes this is left as it is)."""
+    from typer.core import TyperOption
+
+    typed = getattr(TyperOption, "display_type_rich", None)
+    if typed is None or getattr(typed, "flags_without_type", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else typed(self, ctx)
+
+    display_type_rich.flags_without_type = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_type()
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"clusterkit {__version__}")

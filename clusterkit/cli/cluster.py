@@ -231,8 +231,9 @@ def dashboard(
     name: str = typer.Argument(..., help="Cluster name.", autocompletion=cluster_names),
     open_: bool = typer.Option(False, "--open", help="Open it in a browser."),
 ) -> None:
-    """Print the dashboard link (and open it with --open); for a dashboard this machine cannot
-    reach directly, the tunnel to run first."""
+    """Print the dashboard link (and open it with --open).
+
+    For a dashboard this machine cannot reach directly, the tunnel to run first."""
     from clusterkit import api, console
     from clusterkit.errors import BadInput
     from clusterkit.monitor import dashboard_tunnel

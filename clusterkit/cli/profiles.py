@@ -53,13 +53,13 @@ def _row(name: str, path: Path) -> dict[str, Any]:
 
 @profiles_app.command("list")
 def list_(json_: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Profiles on the search path: name, backend, workers (started, min, max), GPUs, source."""
+    """Profiles on the search path by name: backend, workers (started, min, max), GPUs, source."""
     from rich.text import Text
 
     from clusterkit import console
     from clusterkit.profiles import discover
 
-    rows = [_row(name, path) for name, path in discover().items()]
+    rows = [_row(name, path) for name, path in sorted(discover().items())]
     if json_:
         console.print_json(rows)
         return
@@ -112,7 +112,7 @@ def validate(
     from clusterkit.errors import EXIT_BAD_INPUT, ProfileError
     from clusterkit.profiles import discover, load_profile
 
-    targets: list[str | Path] = list(refs) if refs else list(discover().values())
+    targets: list[str | Path] = list(refs) if refs else [p for _, p in sorted(discover().items())]
     failures = 0
     for ref in targets:
         try:

@@ -19,13 +19,13 @@ from typing import Any
 from clusterkit import state
 from clusterkit.errors import BadInput, ClusterkitError
 from clusterkit.runs.records import (
-    STOP_NAME,
     RunRecord,
     UnreadableRun,
     all_runs,
     get,
     new_id,
     progress,
+    request_stop,
 )
 from clusterkit.runs.status import shown_state
 
@@ -232,7 +232,7 @@ def stop(run_id: str, *, timeout: float = STOP_TIMEOUT) -> RunRecord:
 
         return batch_job.stop(record, timeout)
     _local(record, "stopped")
-    (state.run_dir(run_id) / STOP_NAME).touch()
+    request_stop(run_id)
     signalled: set[int] = set()
     deadline = time.monotonic() + timeout
     while True:

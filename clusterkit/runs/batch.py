@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit import state
 from clusterkit.errors import BadInput, ClusterkitError
-from clusterkit.runs.records import STOP_NAME, RunRecord, get
+from clusterkit.runs.records import RunRecord, get, request_stop
 
 if TYPE_CHECKING:
     from clusterkit.schema import JobQueueProfile
@@ -241,7 +241,7 @@ def job_gone(record: RunRecord) -> bool:
 def stop(record: RunRecord, timeout: float) -> RunRecord:
     """Ask the job to stop its run gracefully; cancel the job if it has not within
     ``timeout`` (or at once, while it is still queued)."""
-    (state.run_dir(record.id) / STOP_NAME).touch()
+    request_stop(record.id)
     job = job_id(record)
     queue = queue_for(record)
     deadline = time.monotonic() + timeout

@@ -34,6 +34,7 @@ from clusterkit.runs.records import (
     STOP_NAME,
     RunRecord,
     get,
+    request_stop,
     requeue_requested,
     stop_requested,
 )
@@ -187,7 +188,7 @@ def _forward_signals(run_id: str, batch: bool) -> list[int]:
         if batch and not (folder / STOP_NAME).exists():  # which: the job requeues itself
             state.write_private(folder / REQUEUE_NAME, signal.Signals(signum).name)
         else:
-            (folder / STOP_NAME).touch()
+            request_stop(run_id)
         for pid in driver:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

@@ -113,8 +113,19 @@ def get(run_id: str) -> RunRecord:
 
 
 def all_runs() -> list[RunRecord | UnreadableRun]:
-    found = [load(run_id) for run_id in state.run_ids()]
-    return [entry for entry in found if entry is not None]
+    """Every run in the order they started, the newest last (an unreadable record: by when
+    its file was last written), as ``clusterkit ls`` lists clusters."""
+    found = [entry for entry in map(load, state.run_ids()) if entry is not None]
+    return sorted(found, key=lambda entry: (started(entry), entry.id))
+
+
+def started(entry: RunRecord | UnreadableRun) -> float:
+    if isinstance(entry, RunRecord):
+        return entry.started_at
+    try:
+        return entry.path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def progress(record: RunRecord) -> dict[str, Any]:
@@ -124,6 +135,11 @@ def progress(record: RunRecord) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def request_stop(run_id: str) -> None:
+    """Leave the stop request in the run's folder (private, as all of its state)."""
+    state.write_private(state.run_dir(run_id) / STOP_NAME, "")
 
 
 def stop_requested(record: RunRecord) -> bool:
