@@ -141,8 +141,9 @@ def dashboard(
     run_id: str = typer.Argument(..., metavar="ID"),
     port: int = typer.Option(0, "--port", help="Port on 127.0.0.1; 0: a free one."),
 ) -> None:
-    """Serve the search's study in optuna-dashboard, read-only, on 127.0.0.1 until Ctrl-C;
-    the cluster's Dask dashboard is linked beside it."""
+    """Serve the search's study in optuna-dashboard, read-only, on 127.0.0.1 until Ctrl-C.
+
+    The cluster's Dask dashboard is linked beside it."""
     from clusterkit.errors import BadInput
     from clusterkit.runners.hpo import dashboard as study_dashboard
     from clusterkit.runs.dashboard import study_of
