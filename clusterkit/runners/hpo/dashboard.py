@@ -15,6 +15,7 @@ and writes through its API (tell, delete studies, notes, user attributes), so it
 
 from __future__ import annotations
 
+import html
 import os
 import socketserver
 import threading
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from clusterkit.errors import BadInput
@@ -29,6 +31,12 @@ from clusterkit.errors import BadInput
 LOOPBACK = "127.0.0.1"
 #: The only methods passed on to optuna-dashboard; every write of its API uses another.
 READ_METHODS = frozenset({"GET", "HEAD"})
+#: ``/study/NAME``: the page of study NAME (:func:`by_name`).
+BY_NAME = "/study/"
+WAITING = (
+    '<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="1">'
+    "<title>study {name}</title><p>waiting for the search to create study {name}...</p>"
+)
 REFUSED = b'{"reason": "this dashboard is read-only (clusterkit serves no write endpoint)"}'
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -49,6 +57,27 @@ def read_only(app: WSGIApp) -> WSGIApp:
         return [REFUSED]
 
     return guarded
+
+
+def by_name(app: WSGIApp, viewer: Any) -> WSGIApp:
+    """``app`` where ``/study/NAME`` redirects to that study's page: a link to print before the
+    search has created its study (until then, a page that asks again every second)."""
+
+    def routed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith(BY_NAME):
+            return app(environ, start_response)
+        name = path[len(BY_NAME) :].encode("latin-1").decode("utf-8", "replace")  # PEP 3333
+        try:
+            study_id = viewer.get_study_id_from_name(name)
+        except KeyError:
+            page = WAITING.format(name=html.escape(name)).encode()
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [page]
+        start_response("302 Found", [("Location", f"/dashboard/studies/{study_id}")])
+        return [b""]
+
+    return routed
 
 
 def viewer_storage(storage: Any) -> Any:
@@ -88,7 +117,7 @@ class StudyDashboard:
     """optuna-dashboard served from a thread of this process; :meth:`close` stops it."""
 
     server: WSGIServer
-    study_path: str
+    study_name: str | None
     thread: threading.Thread = field(repr=False)
 
     @property
@@ -97,8 +126,9 @@ class StudyDashboard:
 
     @property
     def url(self) -> str:
-        """The study's page (the list of studies when it did not exist yet)."""
-        return f"http://{LOOPBACK}:{self.port}{self.study_path}"
+        """The study's page (through :func:`by_name`), or the list of studies."""
+        page = BY_NAME + quote(self.study_name, safe="") if self.study_name else "/dashboard"
+        return f"http://{LOOPBACK}:{self.port}{page}"
 
     def close(self) -> None:
         """Stop serving, close the socket, wait for the thread; idempotent."""
@@ -124,23 +154,14 @@ def serve(storage: Any, study_name: str | None = None, *, port: int = 0) -> Stud
             "the study dashboard needs optuna-dashboard", hint="pip install 'clusterkit[hpo]'"
         ) from error
     viewer = viewer_storage(storage)
-    app = read_only(optuna_dashboard.wsgi(viewer))
+    app = read_only(by_name(optuna_dashboard.wsgi(viewer), viewer))
     server = make_server(LOOPBACK, port, app, server_class=_Server, handler_class=_QuietHandler)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
     )
     thread.name = "clusterkit-study-dashboard"
     thread.start()
-    return StudyDashboard(server, _study_path(viewer, study_name), thread)
-
-
-def _study_path(viewer: Any, study_name: str | None) -> str:
-    if study_name is not None:
-        try:
-            return f"/dashboard/studies/{viewer.get_study_id_from_name(study_name)}"
-        except KeyError:
-            pass
-    return "/dashboard"
+    return StudyDashboard(server, study_name, thread)
 
 
 def dask_dashboard(cluster: Any = None, client: Any = None) -> tuple[str | None, str | None]:
