@@ -28,7 +28,11 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
     """LocalCluster keyword arguments shared by the CPU and CUDA flavours."""
     scheduler = profile.scheduler
     host = None if scheduler.interface else (scheduler.host or LOOPBACK)
-    dashboard = dashboard_address(host, scheduler.dashboard_port) if scheduler.dashboard else None
+    # with the dashboard off the scheduler still serves HTTP (health, metrics): port 0, never 8787
+    dashboard_port = scheduler.dashboard_port if scheduler.dashboard else 0
+    scheduler_kwargs: dict[str, Any] = {} if scheduler.dashboard else {"dashboard": False}
+    if profile.idle_timeout:
+        scheduler_kwargs["idle_timeout"] = profile.idle_timeout
     kwargs: dict[str, Any] = {
         "n_workers": profile.workers,
         "threads_per_worker": profile.worker.threads,
@@ -37,12 +41,10 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
         "host": host,
         "interface": scheduler.interface,
         "scheduler_port": scheduler.port,
-        "dashboard_address": dashboard,
+        "dashboard_address": dashboard_address(host, dashboard_port),
         "protocol": f"{security.scheme}://",
         "security": security.distributed(),
-        "scheduler_kwargs": {"idle_timeout": profile.idle_timeout}
-        if profile.idle_timeout
-        else None,
+        "scheduler_kwargs": scheduler_kwargs or None,
     }
     resources = profile.worker_resources()
     if resources:
