@@ -281,6 +281,7 @@ def test_embedded_cluster_closes_with_client(tmp_path: Path) -> None:
 def test_a_dashboard_off_profile_never_asks_for_8787(tmp_path: Path) -> None:
     """The scheduler's HTTP server (health, metrics) goes to port 0 with the dashboard off:
     with 8787 taken, no 'Port 8787 is already in use' warning reaches the user."""
+    import contextlib
     import socket
     import warnings
 
@@ -288,10 +289,8 @@ def test_a_dashboard_off_profile_never_asks_for_8787(tmp_path: Path) -> None:
     with socket.socket() as taken, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+        with contextlib.suppress(OSError):  # someone else holds it: the same condition
             taken.bind(("127.0.0.1", 8787))
-        except OSError:
-            pass  # someone else holds it: the same condition
         taken.listen()
         with clusterkit.cluster(path) as (_cluster, client):
             assert client.submit(sum, [1, 2]).result() == 3
