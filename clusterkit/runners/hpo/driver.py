@@ -155,13 +155,12 @@ def drive(
 ) -> SearchLoop:
     """Run the loop to its end with the progress display, if asked for, open around it;
     ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``: see :func:`run`."""
-    import cloudpickle
-
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
+    from clusterkit.runners.workdir.pickling import dumps
 
     display = ProgressDisplay(n_trials) if progress else None
-    blob = cloudpickle.dumps(objective)
+    blob = dumps(objective)
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
     if gang is None:
         search = SearchLoop(*args, lookahead=lookahead)

@@ -80,9 +80,9 @@ class ProjectCall:
     ``sys.path``, so the modules it uses by reference are the project's own."""
 
     def __init__(self, fn: Callable[..., Any], project: Project) -> None:
-        import cloudpickle
+        from clusterkit.runners.workdir.pickling import dumps
 
-        self.blob = cloudpickle.dumps(fn)
+        self.blob = dumps(fn)
         self.project = project
         self.topic = f"clusterkit-warnings-{uuid.uuid4().hex[:12]}"
         self.collector: Any = None  # driver side only
