@@ -1,8 +1,10 @@
 """The project directory on the driver: which files belong to it, their digests, the size cap.
 
 Excluded: ``.git``, ``__pycache__``, virtual environments (a directory holding ``pyvenv.cfg``
-or ``conda-meta``), and whatever ``.gitignore`` files (at any depth) and an optional
-``.clusterkitignore`` at the root list, in gitignore syntax (``pathspec``).
+or ``conda-meta``), whatever ``.gitignore`` files (at any depth) and an optional
+``.clusterkitignore`` at the root list, in gitignore syntax (``pathspec``), and the files this
+process has open for writing: the run's own output (``> run.log 2>&1``, a SQLite study, a log
+file), which changes while the workers compare digests and is no part of the project.
 """
 
 from __future__ import annotations
@@ -184,6 +186,20 @@ def _state_inside(root: Path) -> str | None:
     return str(private.relative_to(root)) + os.sep
 
 
+def being_written(root: str) -> set[str]:
+    """Files under ``root`` (relative paths) that this process has open for writing."""
+    import psutil
+
+    prefix = root.rstrip(os.sep) + os.sep
+    try:
+        opened = psutil.Process().open_files()
+    except psutil.Error:  # not readable here: nothing known to be written
+        return set()
+    return {
+        os.path.relpath(f.path, root) for f in opened if f.mode != "r" and f.path.startswith(prefix)
+    }
+
+
 def scan(
     root: str | os.PathLike[str], *, max_size: int | None = None, copy: bool | None = None
 ) -> Project:
@@ -193,7 +209,12 @@ def scan(
         raise BadInput(f"workdir {root} is not a directory", hint="pass an existing directory")
     limit = max_size_from_env() if max_size is None else max_size
     private = _state_inside(path)
-    found = [e for e in _walk(str(path)) if private is None or not e[0].startswith(private)]
+    written = being_written(str(path))
+    found = [
+        e
+        for e in _walk(str(path))
+        if (private is None or not e[0].startswith(private)) and e[0] not in written
+    ]
     _check_cap(str(path), found, limit)
     entries = []
     overall = hashlib.sha256()

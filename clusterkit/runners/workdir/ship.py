@@ -71,7 +71,31 @@ def ship(client: Client, project: Project) -> Shipment:
         raise RuntimeError(f"project {project.root} could not be copied to {left}")
     client.register_plugin(ProjectPlugin(project), name=f"clusterkit-workdir-{project.key[:16]}")
     log.info("project %s: %s; %d bytes sent", project.root, result.modes, result.bytes_sent)
+    say_where_copied(project, probes)
     return result
+
+
+def say_where_copied(project: Project, probes: dict[str, dict[str, Any]]) -> None:
+    """One line when workers run in a copy of the project: where, and why not in place."""
+    copied = {w: p for w, p in probes.items() if p["mode"] == "synced"}
+    if not copied:
+        return
+    where = ", ".join(sorted({str(p["directory"]) for p in copied.values()}))
+    differs = sorted({p["differs"] for p in copied.values() if p.get("differs")})
+    if project.copy:
+        why = "a copy was asked for (CLUSTERKIT_WORKDIR_COPY)"
+    elif differs:
+        why = f"{differs[0]} differs there from {project.root}"
+    else:
+        why = f"they do not see {project.root}"
+    log.warning(
+        "project %s: %d of %d workers run in a copy at %s (%s); files written there stay there",
+        project.root,
+        len(copied),
+        len(probes),
+        where,
+        why,
+    )
 
 
 def reship(client: Client, old: Project) -> Project:

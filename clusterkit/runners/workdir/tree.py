@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from clusterkit.errors import StateError
-from clusterkit.runners.workdir.project import Project, file_digest
+from clusterkit.runners.workdir.project import FileEntry, Project, file_digest
 
 CACHE_ENV = "CLUSTERKIT_WORKDIR_CACHE"
 
@@ -75,12 +75,7 @@ def store_id() -> str:
 def _in_place(project: Project) -> bool:
     if project.copy or not os.path.isdir(project.root):
         return False
-    try:
-        return all(
-            file_digest(os.path.join(project.root, f.path)) == f.digest for f in project.files
-        )
-    except OSError:
-        return False
+    return all(_same(project, f) for f in project.files)
 
 
 @contextlib.contextmanager
@@ -160,17 +155,37 @@ def _apply(project: Project, tree: str) -> None:
 
 
 def probe(project: Project) -> dict[str, Any]:
-    """Locate the project on this worker; what is missing when it cannot be built yet."""
+    """Locate the project on this worker; what is missing when it cannot be built yet.
+
+    Also the directory trials run in, and for a copy why: the first of the project's files
+    that differs here (None: no such directory here, or a copy was asked for)."""
     found = locate(project)
     if found is not None:
-        return {"mode": found[1], "store": store_id(), "missing": []}
+        return _probed(project, found[1], found[0], [])
     with _tree_lock(project) as tree:
         missing = _missing(project, tree)
         if not missing:
             _apply(project, tree)
             _remember(project, tree, "synced")
-            return {"mode": "synced", "store": store_id(), "missing": []}
-    return {"mode": "missing", "store": store_id(), "missing": missing}
+            return _probed(project, "synced", tree, [])
+    return _probed(project, "missing", None, missing)
+
+
+def _probed(
+    project: Project, mode: str, directory: str | None, missing: list[str]
+) -> dict[str, Any]:
+    differs = None
+    if mode != "in-place" and not project.copy and os.path.isdir(project.root):
+        differs = next((f.path for f in project.files if not _same(project, f)), None)
+    found = {"mode": mode, "store": store_id(), "missing": missing}
+    return {**found, "directory": directory, "differs": differs}
+
+
+def _same(project: Project, entry: FileEntry) -> bool:
+    try:
+        return file_digest(os.path.join(project.root, entry.path)) == entry.digest
+    except OSError:
+        return False
 
 
 def receive(blobs: dict[str, bytes]) -> int:
