@@ -16,7 +16,7 @@ from optuna.distributions import distribution_to_json
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-from clusterkit.runners.hpo import warmup
+from clusterkit.runners.hpo import cores, warmup
 from clusterkit.runners.hpo.mirror import TrialView, mirror_for
 
 #: How long a worker waits for the driver's pruning decision before failing the trial.
@@ -114,7 +114,7 @@ def run_trial(
     local_id = storage.own._trial_id
     record: dict[str, Any] = {"number": number, "error": None, "exception": None, "values": None}
     try:
-        result = objective(optuna.Trial(study, local_id))
+        result = cores.call(objective, optuna.Trial(study, local_id))
         record["state"] = TrialState.COMPLETE.name
         record["values"] = result
     except optuna.TrialPruned:
