@@ -255,3 +255,34 @@ def test_runs_dashboard_of_a_training_is_one_line_exit_2(tmp_path: Path) -> None
     )
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and "only searches have a study" in done.stderr
+
+
+def test_the_dask_dashboard_of_a_cluster_on_another_host_comes_with_its_tunnel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSH_CONNECTION", raising=False)  # (a session over ssh adds a line)
+    from clusterkit.runners.hpo.dashboard import links, serve
+    from clusterkit.state import ClusterRecord
+
+    far = ClusterRecord(
+        name="c",
+        backend="slurm",
+        profile="p",
+        profile_source=None,
+        digest="",
+        address="",
+        dashboard="http://127.0.0.1:8790/status",
+        pid=1,
+        security={},
+        min_workers=0,
+        host="login7",
+    )
+    path, _ = _finished_study(tmp_path)
+    with serve(path, "done") as view:
+        shown = links(view, cluster=far)
+    assert shown == [
+        f"study dashboard: http://127.0.0.1:{view.port}/study/done (read-only)",
+        "dask dashboard: http://localhost:8790/status "
+        "(first run: ssh -N -L 8790:127.0.0.1:8790 login7)",
+    ]
+    assert _port_closed(view.port)
