@@ -179,7 +179,8 @@ def search_dashboard(enabled: bool, storage: Any, name: str, client: Any, profil
     from clusterkit import console, state
     from clusterkit.runners.hpo import dashboard as study_dashboard
 
-    cluster = state.read_record(profile) if profile and "/" not in profile else None
+    named = profile and "/" not in profile and not profile.endswith((".yaml", ".yml"))
+    cluster = state.read_record(profile) if named else None  # a cluster from `up`, if live
     if cluster is not None and not state.is_live(cluster):
         cluster = None
     view = study_dashboard.serve(storage, name)
