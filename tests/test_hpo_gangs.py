@@ -212,30 +212,38 @@ def test_without_reuse_every_trial_gets_new_rank_processes(client: object) -> No
 
 
 def failing_objective(trial: optuna.Trial, marker_dir: Path) -> float:
+    """Rank 1 of trial 0 is killed by a signal once (out of memory, a walltime's kill): the
+    cluster ended it. Trial 1's rank 1 exits with a code of its own, trial 2's raises: the
+    objective ended those, every attempt would do the same."""
+    import signal
+
     import torch.distributed as dist
 
     x = trial.suggest_float("x", 0.0, 1.0)
     dist.init_process_group("gloo")
     marker = marker_dir / f"{trial.number}"
-    if os.environ["RANK"] == "1" and (trial.number == 2 or not marker.exists()):
+    if os.environ["RANK"] == "1" and not marker.exists():
         marker.touch()
+        if trial.number == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
         if trial.number == 1:
-            os._exit(3)  # the rank process dies
+            os._exit(3)  # the rank process exits on its own
         raise ValueError(f"rank 1 fails trial {trial.number}")
     dist.barrier()
     return x
 
 
-def test_a_failing_rank_retries_the_whole_trial(client: object, tmp_path: Path) -> None:
+def test_only_a_rank_the_cluster_ended_is_retried(client: object, tmp_path: Path) -> None:
     from functools import partial
 
     objective = partial(failing_objective, marker_dir=tmp_path)
-    study = _search(client, objective, 3, ranks_per_trial=2, max_retries=1)
+    study = _search(client, objective, 3, ranks_per_trial=2, max_retries=2)
     trials = study.get_trials()
-    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL"]
-    assert [t.user_attrs[ATTR_ATTEMPTS] for t in trials] == [2, 2, 2]
-    assert "rank 1" in trials[2].user_attrs[ATTR_ERROR]
-    assert "rank 1 fails trial 2" in trials[2].user_attrs[ATTR_ERROR]
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "FAIL"]
+    assert trials[0].user_attrs[ATTR_ATTEMPTS] == 2  # killed once, then it completed
+    assert [ATTR_ATTEMPTS in t.user_attrs for t in trials[1:]] == [False, False]  # ran once
+    assert trials[1].user_attrs[ATTR_ERROR].startswith("rank 1: ProcessExit: ")
+    assert trials[2].user_attrs[ATTR_ERROR] == "rank 1: ValueError: rank 1 fails trial 2"
 
 
 def pruned_objective(trial: optuna.Trial, marker_dir: Path) -> float:
@@ -280,6 +288,8 @@ def test_a_pruned_trial_stops_on_every_rank_at_the_same_step(
 def resuming_objective(trial: optuna.Trial, marker_dir: Path) -> float:
     """Rank 0 checkpoints each step; the first attempt of every trial dies after step 1, the
     retry resumes from the checkpoint (never from step 0)."""
+    import signal
+
     import torch.distributed as dist
 
     from clusterkit.runners.hpo import rank_context
@@ -294,8 +304,8 @@ def resuming_objective(trial: optuna.Trial, marker_dir: Path) -> float:
         if ctx.rank == 0:
             ctx.save_checkpoint({"step": step + 1})
         dist.barrier()
-        if step == 1 and ctx.restart_count == 1:
-            raise RuntimeError("the first attempt dies after step 1")
+        if step == 1 and ctx.restart_count == 1:  # killed, as by the out-of-memory killer
+            os.kill(os.getpid(), signal.SIGKILL)
     return x
 
 

@@ -106,6 +106,7 @@ def hpo(
     dashboard: bool = typer.Option(
         False, "--dashboard", help="Live optuna-dashboard of the study, read-only, on 127.0.0.1."
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> str | None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage.
 
@@ -125,19 +126,23 @@ def hpo(
     name = study_name or hpo_inputs.default_study_name(objective)
     store = hpo_inputs.resolve_storage(storage, name)
     if detach or batch:
-        run_id = _detach(name, context.params)
-        typer.echo(run_id)
-        return run_id
+        return _detach(name, context.params)
     _attached(objective, store, name, project, context.params)
     return None
 
 
 def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[str, Any]) -> None:
-    """The search, driven from this process."""
-    from clusterkit import console
+    """The search, driven from this process, and its result (:mod:`.hpo_output`)."""
+    from clusterkit.cli import hpo_output
+
+    hpo_output.attached(_search, objective, store, name, project, params)
+
+
+def _search(objective: Any, store: Any, name: str, project: Any, params: dict[str, Any]) -> Any:
+    """The search's study, searched from this process."""
     from clusterkit.cli.runs import search_dashboard
     from clusterkit.client import get_client
-    from clusterkit.runners.hpo import best_summary, run
+    from clusterkit.runners.hpo import run
 
     folder = params["out"] or f"{name}-results"
     gpus = params["gpus_per_trial"]
@@ -163,8 +168,7 @@ def _attached(objective: Any, store: Any, name: str, project: Any, params: dict[
     finally:
         view.close()
         client.close()
-    console.message(best_summary(study))
-    console.message(f"results: {folder}/ (report.html, trials.csv, *.png)")
+    return study
 
 
 def _absolute(path: str) -> str:
@@ -172,7 +176,7 @@ def _absolute(path: str) -> str:
 
 
 def _detach(name: str, params: dict[str, Any]) -> str:
-    """Record the checked search and start it detached; the run ID. Paths are made absolute:
+    """Record the checked search and start it detached; the run ID, printed. Paths are absolute:
     the driver resolves nothing against a terminal's directory that may be gone."""
     from clusterkit.runs import submit
 
@@ -204,7 +208,9 @@ def _detach(name: str, params: dict[str, Any]) -> str:
     if params["workdir_max_size"] is not None:
         argv += ["--workdir-max-size", params["workdir_max_size"]]
     restarts, batch = params["max_restarts"], params["batch"]
-    return submit("hpo", argv, profile=profile, results=out, max_restarts=restarts, batch=batch)
+    run_id = submit("hpo", argv, profile=profile, results=out, max_restarts=restarts, batch=batch)
+    typer.echo(run_id)
+    return run_id
 
 
 def register(app: typer.Typer) -> None:

@@ -80,6 +80,34 @@ def is_lost_worker(error: BaseException) -> bool:
     )
 
 
+def lost_rank(futures: list[Any], slots: list[Any], live: set[str], aborted_at: float) -> Any:
+    """The failure of a gang's rank that the cluster ended, not the objective: its worker left
+    (its task lost or cancelled with it), or its process was killed by a signal before the
+    driver aborted the gang (``aborted_at``: out of memory, a walltime's kill). A
+    ``GroupFailed`` marked ``lost``; None when every failure is the objective's own."""
+    from clusterkit.runners.ddp.group import GroupFailed
+    from clusterkit.runners.ddp.worker import RankError
+
+    for rank, (future, slot) in enumerate(zip(futures, slots, strict=True)):
+        why = None
+        if slot.worker not in live:
+            why = f"worker {slot.worker} left the cluster"
+        elif future.status in ("cancelled", "lost"):
+            why = f"its task was {future.status} with its worker"
+        elif future.status == "error":
+            error = future.exception()
+            if isinstance(error, RankError):
+                killed = error.kind == "ProcessExit" and "killed by signal" in error.message
+                why = error.message if killed and error.time < aborted_at else None
+            elif is_lost_worker(error):
+                why = f"its worker was lost ({type(error).__name__}: {error})"
+        if why is not None:
+            failure = GroupFailed(rank, why)
+            failure.lost = True  # type: ignore[attr-defined]
+            return failure
+    return None
+
+
 def log_stall(client: Client, keys: list[Any], quiet: float) -> None:
     """Log, for a search that heard nothing for ``quiet`` seconds, what the scheduler says of
     its tasks ``keys`` (a stall is then diagnosable)."""

@@ -17,10 +17,11 @@ killed driver are failed, marked ``ck_orphaned`` (not counted) and their paramet
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.runners.hpo import gangs, inputs, report
+from clusterkit.runners.hpo import gangs, inputs, records, report
+from clusterkit.runners.hpo.callbacks import Callback, InOrder
 from clusterkit.runners.hpo.dispatch import check_resources, slots
 from clusterkit.runners.hpo.gangs import GangOptions, RanksPerTrial
 from clusterkit.runners.hpo.loop import SearchLoop
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from clusterkit.runners.hpo.warmup import Warmup
+
+#: What the loop is given, in :func:`drive`'s order: n_trials, resources, max_retries, catch,
+#: timeout, progress, gang.
+Settings = tuple[
+    int,
+    Mapping[str, float] | None,
+    int,
+    tuple[type[BaseException], ...],
+    float | None,
+    bool,
+    GangOptions | None,
+]
 
 #: Figures of the last :func:`run` in this process (driver seconds spent per event), for bench/.
 LAST_RUN_STATS: dict[str, float] = {}
@@ -58,6 +71,7 @@ def run(
     placement: str = "pack",
     checkpoint_dir: str | None = None,
     lookahead: int = 1,
+    callbacks: Sequence[Callback] = (),
 ) -> optuna.Study:
     """Run an Optuna search with every worker slot busy until ``n_trials`` trials finished.
 
@@ -65,18 +79,19 @@ def run(
     ----------
     objective, n_trials, client
         A plain Optuna objective ``f(trial) -> float``, run on the workers; the finished trials
-        (complete, pruned or failed, earlier runs included) the study must hold; a Dask client
-        (default :func:`clusterkit.get_client`).
+        (complete, pruned or failed, earlier runs too) the study must hold; a Dask client.
     study, storage, study_name, direction, sampler, pruner
         A study, or what to make it from; storage: Optuna's, a database URL or a journal file
         (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
     resources, max_retries, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
-        whose worker died; exceptions that fail only their trial (others re-raise).
-    timeout, progress, out, lookahead
-        Seconds after which no trial starts; live progress; a folder for trials.csv, plots;
-        trials per slot queued on the workers to start as one ends (0: each sampled with every
-        result so far, not only those before it was queued; off with a timeout and for gangs).
+        whose worker died; exceptions that fail only their trial (others re-raise; with none
+        completed, :class:`~.records.NoTrialCompleted` names the first failure's cause).
+    timeout, progress, out, lookahead, callbacks
+        Seconds after which no trial starts; live progress; a folder for trials.csv, plots (a
+        stopped search's too); trials per slot queued to start as one ends (0: each sampled
+        with every result so far; off with a timeout and for gangs); Optuna callbacks
+        ``f(study, frozen_trial)`` run here, for each finished trial once, in number order.
     workdir
         The project trials run in (cwd, first on ``sys.path``): in place where a worker sees
         its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None: off.
@@ -85,17 +100,37 @@ def run(
         trial is a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread";
         an fsspec URL or path for the gangs' checkpoints, a folder per trial.
     """
-    inputs.check_counts(n_trials, max_retries, lookahead)
+    inputs.check_counts(n_trials, max_retries, lookahead)  # the client: get_client() by default
     study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
     client = client or _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
     _check_workers(client, resources)
-    inputs.recover_orphans(study)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
-    drive(study, client, objective, *settings, warm=warm, lookahead=lookahead)
-    report.finish(study, out, progress)
+    _search(study, client, objective, settings, out, warm, lookahead, callbacks)
     return study
+
+
+def _search(
+    study: optuna.Study,
+    client: Client,
+    objective: Any,
+    settings: Settings,
+    out: str | None,
+    warm: Warmup | None,
+    lookahead: int,
+    callbacks: Sequence[Callback],
+) -> None:
+    """Trials a dead driver left running recovered, the search to its end, its results written
+    (so far, when it stops: Ctrl-C, SIGTERM, `runs stop`); :class:`~.records.NoTrialCompleted`
+    when the study holds no completed trial."""
+    inputs.recover_orphans(study)
+    with report.written_if_stopped(study, out):
+        drive(
+            study, client, objective, *settings, warm=warm, lookahead=lookahead, callbacks=callbacks
+        )
+    report.finish(study, out, progress=settings[5])
+    records.check_completed(study)
 
 
 def _check_workers(client: Client, resources: Mapping[str, float] | None) -> None:
@@ -152,9 +187,11 @@ def drive(
     gang: GangOptions | None = None,
     warm: Warmup | None = None,
     lookahead: int = 0,
+    callbacks: Sequence[Callback] = (),
 ) -> SearchLoop:
     """Run the loop to its end with the progress display, if asked for, open around it;
-    ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``: see :func:`run`."""
+    ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``, ``callbacks``:
+    see :func:`run`."""
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
     from clusterkit.runners.workdir.pickling import dumps
@@ -168,6 +205,7 @@ def drive(
         from clusterkit.runners.hpo.gang_loop import GangLoop
 
         search = GangLoop(*args, gang=gang)
+    search.order = InOrder(study, callbacks)
     inputs.say_if_done(study, search.done, n_trials)
     try:
         search.loop()

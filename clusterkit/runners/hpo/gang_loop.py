@@ -5,13 +5,16 @@ launched as the training runner launches a group (:mod:`clusterkit.runners.ddp`)
 environment, a fresh rendezvous port per launch, a torch process group left initialised is
 destroyed when the rank process ends. The driver holds the trial: it samples each parameter
 when a rank first asks for it (every rank gets the same value) and decides pruning on rank 0's
-values. A rank that raises or loses its worker ends every rank of its trial; the trial is then
-retried whole, first in line, up to ``max_retries`` times, else failed.
+values. A rank that raises or loses its worker ends every rank of its trial. A trial that lost
+a rank's worker (or a rank process killed by a signal: out of memory, walltime) is retried whole,
+first in line, up to ``max_retries`` times, as a one-rank trial whose worker died; one whose
+objective raised fails at once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from clusterkit.errors import BadInput
 from clusterkit.runners.ddp import placement as ddp_placement
 from clusterkit.runners.hpo import gangs, inputs, records
-from clusterkit.runners.hpo.dispatch import Attempt
+from clusterkit.runners.hpo.dispatch import Attempt, lost_rank
 from clusterkit.runners.hpo.gangs import GangOptions
 from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
 
@@ -48,6 +51,7 @@ class GangAttempt(Attempt):
     futures: list[Future] = field(default_factory=list)
     launched_at: float = 0.0
     failed: bool = False
+    aborted_at: float = math.inf  # when the driver killed its ranks (their deaths are not lost)
     decisions: dict[int, bool] = field(default_factory=dict)  # step -> rank 0's verdict
     asking: dict[int, list[str]] = field(default_factory=dict)  # step -> replies owed
     checkpoint: bytes | None = None  # what rank 0 saved with the scheduler: a retry resumes
@@ -132,6 +136,7 @@ class GangLoop(SearchLoop):
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def _enqueue(self, trial: optuna.Trial) -> None:
+        self.order.asked(trial)
         size = self.options.ranks
         if not isinstance(size, int):
             for name, distribution in self.space.items():
@@ -223,7 +228,7 @@ class GangLoop(SearchLoop):
             reuse=self.topic,  # a rank process that ends cleanly serves this search's next trial
         )
         attempt.key, attempt.slots, attempt.futures = specs[0]["key"], slots, []
-        attempt.launched_at, attempt.failed = time.monotonic(), False
+        attempt.launched_at, attempt.failed, attempt.aborted_at = time.monotonic(), False, math.inf
         attempt.workers = [s.worker for s in slots]
         attempt.futures = submit_ranks(self.client, specs, slots, self.interfaces)
         for future in attempt.futures:
@@ -248,7 +253,7 @@ class GangLoop(SearchLoop):
         """End every rank of the launch: kill the rank processes, drop ranks on lost workers."""
         if attempt.failed:
             return
-        attempt.failed = True
+        attempt.failed, attempt.aborted_at = True, time.time()
         from clusterkit.runners.ddp.worker import abort
 
         targets = sorted({s.worker for s in attempt.slots} & self.live)
@@ -292,9 +297,14 @@ class GangLoop(SearchLoop):
             self._complete(attempt, record)
             self.space.update(self.storage.get_trial(attempt.trial_id).distributions)
             return
-        cause = first_failure(futures, slots, self.live)
-        where = f"rank {cause.rank}: " if cause.rank is not None else ""
-        why = f"{where}{cause.message}"
+        lost = lost_rank(futures, slots, self.live, attempt.aborted_at)
+        cause = lost or first_failure(futures, slots, self.live)
+        why = f"rank {cause.rank}: {cause.message}" if cause.rank is not None else cause.message
+        if cause.traceback:
+            logger.debug("trial %s failed:\n%s", attempt.number, cause.traceback)
+        if lost is None:  # the objective's own error: never retried
+            self._tell(attempt, "FAIL", error=why)
+            return
         if attempt.starts > self.max_retries:
             self._tell(
                 attempt, "FAIL", error=f"trial failed after {attempt.starts} attempts: {why}"

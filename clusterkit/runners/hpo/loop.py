@@ -6,12 +6,15 @@ import json
 import logging
 import math
 import queue
+import sys
 import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from clusterkit.errors import fit
 from clusterkit.runners.hpo import inputs, records
+from clusterkit.runners.hpo.callbacks import InOrder
 from clusterkit.runners.hpo.changelog import ChangeLog
 from clusterkit.runners.hpo.dispatch import (
     Attempt,
@@ -31,15 +34,13 @@ logger = logging.getLogger(__name__)
 
 #: How often one trial's task may be dropped by Dask (lost inputs) and submitted again.
 MAX_REQUEUES = 5
-#: Seconds without any notice from the cluster, trials in flight, before the loop logs why
-#: (or three times the longest trial so far, if more).
+#: Seconds without notice from the cluster, trials in flight (or 3x the longest trial): a log.
 STALL_AFTER = 60.0
 #: Trials queued ahead at most, in all: at a thousand slots the driver bounds the throughput,
 #: not the hand-off, and twice the tasks in flight cost it 3.5 ms a trial instead of 1.0.
 MAX_AHEAD = 64
-#: Seconds between flushes of the study's storage (and progress updates) while results stream
-#: in, or after that long a quiet spell. A driver killed in between loses only results no one
-#: was shown: those trials are asked again on resume.
+#: Seconds between flushes of the study's storage (and progress updates) while results stream in;
+#: a driver killed in between loses only results no one was shown (asked again on resume).
 REPORT_EVERY = 0.25
 
 
@@ -85,6 +86,7 @@ class SearchLoop:
         self._longest = 0.0  # the longest trial so far: a quiet spell shorter is no stall
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
         self.presample = Presampler(study)
+        self.order = InOrder(study)  # the callbacks' (drive() sets them)
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
         from optuna.trial import TrialState
 
@@ -155,6 +157,7 @@ class SearchLoop:
             and (self.deadline is None or time.monotonic() < self.deadline)
         ):
             trial = self._ask()
+            self.order.asked(trial)
             self.log.add(self.storage.get_trial(trial._trial_id))
             if len(self.inflight) >= self._slots_value:  # it waits behind a running trial
                 self.presample.draw(trial._trial_id)
@@ -165,16 +168,14 @@ class SearchLoop:
 
     def _capacity(self) -> int:
         """Trials in flight at most: one per slot, and ``lookahead`` per slot (MAX_AHEAD in all)
-        queued to start as one ends, while over a slot's worth are left (the last go to free
-        slots)."""
+        queued to start as one ends, while over a slot's worth are left (the last: free slots)."""
         if self.n_trials - self.done - len(self.inflight) <= self._slots_value:
             return self._slots_value
         return self._slots_value + min(self._slots_value * self.lookahead, MAX_AHEAD)
 
     def _ask(self) -> optuna.Trial:
         """``study.ask()``, without its scan of every trial for enqueued ones once none are left
-        (the runner enqueues only before the loop): that scan made each trial cost more the
-        larger the study."""
+        (the runner enqueues only before the loop): it made trials cost more in larger studies."""
         if self._waiting > 0:
             self._waiting -= 1
             return self.study.ask()
@@ -217,28 +218,27 @@ class SearchLoop:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()
             flush_storage(self.storage)
+            if sys.exc_info()[0] in (None, KeyboardInterrupt):  # not after a callback failed
+                self.order.finish()
             self.log.close(self.topic)
             self.futures.clear()  # releases the tasks' results on the cluster
 
     def _report(self) -> None:
-        """Make every write durable, then show progress (see :mod:`.storage`). At most every
-        REPORT_EVERY seconds while results stream in: each flush is an fsync and a file lock,
-        syscalls that wait for the GIL behind the client's IO thread."""
+        """Make every write durable, then show progress (:mod:`.storage`); at most every
+        REPORT_EVERY s while results stream in: each flush is an fsync and a file lock."""
         flush_storage(self.storage)
         self._dirty = False
         self._reported_at = time.monotonic()
         self._show()
 
     def _recheck(self) -> None:
-        """Idle for a second: look at the futures directly, so no lost notice stalls the search
-        (a future handled twice is ignored the second time)."""
+        """Idle for a second: look at the futures, so no lost notice stalls the search."""
         for key, (_, future) in list(self.futures.items()):
             if future.done():
                 self.inbox.put(("done", key))
 
     def _watchdog(self) -> None:
-        """Nothing heard for STALL_AFTER seconds with trials in flight: log, once per quiet
-        spell, what the scheduler says of their tasks (a stall is then diagnosable)."""
+        """Quiet STALL_AFTER s, trials in flight: log once what the scheduler says of them."""
         quiet = time.monotonic() - self._heard_at
         if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
             return
@@ -330,20 +330,17 @@ class SearchLoop:
         if attempt.requeues > MAX_REQUEUES:
             self._fail_lost(attempt, f"Dask cancelled it {attempt.requeues} times (lost inputs)")
             return
-        logger.info(
-            "trial %s: Dask dropped its task (lost inputs); submitting again", attempt.number
-        )
+        logger.info("trial %s: Dask dropped its task (lost inputs); again", attempt.number)
         self.log.drop_base()
         attempt.future = self._submit(
             attempt.number, attempt.trial_id, attempt.submits, with_base=True
         )
 
     def _complete(self, attempt: Attempt, record: dict[str, Any]) -> None:
-        """Count the trial and record it. Its slot is filled when its task's own completion
-        notice comes: a result event comes first, before the scheduler has seen the task end,
-        and a trial submitted then was at times placed on a busy worker (it waited there for a
-        whole trial, till work stealing moved it). Its record is meanwhile in the study, so the
-        next task's delta carries it."""
+        """Count the trial and record it. Its slot is filled on its task's own completion
+        notice: a result event comes before the scheduler has seen the task end, and a trial
+        submitted then was at times placed on a busy worker (it waited there a whole trial,
+        till work stealing moved it). The next task's delta carries the record meanwhile."""
         self.inflight.pop(attempt.number, None)
         self.done += 1
         self._record(attempt, record)
@@ -359,6 +356,8 @@ class SearchLoop:
         records.apply_record(self.storage, attempt.trial_id, record)
         if "start" in record and "end" in record:
             self._longest = max(self._longest, record["end"] - record["start"])
+        if record.get("traceback"):  # the one line goes to the terminal, this to the log
+            logger.debug("trial %s failed:\n%s", attempt.number, record["traceback"])
         self._tell(attempt, record["state"], record["values"], record["error"])
         if record["state"] == "FAIL" and record["exception"] is not None:
             error = cloudpickle.loads(record["exception"])
@@ -374,7 +373,7 @@ class SearchLoop:
             storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, tries)
         if error:
             storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, error)
-            logger.warning("trial %s failed: %s", attempt.number, error)
+            logger.warning("trial %s failed: %s", attempt.number, fit(error))
         if state == "COMPLETE":
             self.study.tell(attempt.number, values)
         else:
@@ -383,6 +382,7 @@ class SearchLoop:
         self.presample.finished(frozen)
         if self.inflight.pop(attempt.number, None) is not None:
             self.done += 1
+        self.order.deliver()
 
     def _abandon(self) -> None:
         """On an early exit, cancel what runs and leave it for the next run to resume."""

@@ -5,7 +5,42 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from clusterkit.errors import ClusterkitError, fit
 from clusterkit.runners.hpo import inputs
+
+
+class NoTrialCompleted(ClusterkitError):
+    """A search that ended with no completed trial; ``cause``: the first failure's one line."""
+
+    def __init__(self, message: str, *, cause: str | None, study: Any = None) -> None:
+        self.cause = cause
+        self.study = study
+        super().__init__(message)
+
+
+def check_completed(study: Any) -> None:
+    """Raise :class:`NoTrialCompleted` when the study holds no completed trial, naming how its
+    trials ended and the first failure's cause (as ``study.optimize`` re-raises it)."""
+    from optuna.trial import TrialState
+
+    ended = [t for t in study.get_trials(deepcopy=False) if inputs.counted(t)]
+    if any(t.state == TrialState.COMPLETE for t in ended):
+        return
+    failed = [t for t in ended if t.state == TrialState.FAIL]
+    pruned = sum(t.state == TrialState.PRUNED for t in ended)
+    if failed:
+        first = min(
+            failed, key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number)
+        )
+        cause = fit(str(first.user_attrs.get(inputs.ATTR_ERROR) or "no error recorded"))
+        how = f"{len(failed)} of {len(ended)} failed" + (f", {pruned} pruned" if pruned else "")
+        raise NoTrialCompleted(
+            f"no trial completed: {how}; the first, trial #{first.number}: {cause}",
+            cause=cause,
+            study=study,
+        )
+    why = f"all {pruned} pruned" if pruned else "none finished"
+    raise NoTrialCompleted(f"no trial completed: {why}", cause=None, study=study)
 
 
 def apply_write(storage: Any, trial_id: int, msg: dict[str, Any]) -> None:
@@ -48,10 +83,19 @@ def apply_record(storage: Any, trial_id: int, record: dict[str, Any]) -> None:
 
 
 def best_summary(study: Any) -> str:
-    """One line with the best trial, or why there is none."""
+    """One line of data: ``best: trial #N, value V, params {...}`` (the Pareto front's trials,
+    multi-objective), or ``best: none (no trial completed)``."""
+    if len(study.directions) > 1:
+        front = sorted(study.best_trials, key=lambda t: t.number)
+        if not front:
+            return "best: none (no trial completed)"
+        shown = "; ".join(
+            f"#{t.number} values {[float(f'{v:.6g}') for v in t.values]}" for t in front
+        )
+        return f"best: {len(front)} trials on the Pareto front: {shown}"
     try:
         best = study.best_trial
     except ValueError:
-        return "no trial completed"
+        return "best: none (no trial completed)"
     value = best.value if best.value is not None else math.nan
-    return f"best trial #{best.number}: value {value:.6g}, params {best.params}"
+    return f"best: trial #{best.number}, value {value:.6g}, params {best.params}"

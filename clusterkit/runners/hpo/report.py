@@ -5,8 +5,10 @@ The folder holds ``trials.csv``, each plot as PNG and one offline ``report.html`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,40 +98,81 @@ def gang_occupancy(sizes: list[int], slots: int, next_size: int | None) -> tuple
     return f"gangs {len(sizes)} running{ranks}", load
 
 
-def print_best(study: Any, top: int = 5) -> None:
-    """The best completed trials as a table on stdout."""
+def best_trials(study: Any, top: int = 5) -> list[Any]:
+    """The ``top`` best completed trials, best first (the Pareto front's, multi-objective)."""
     from optuna.trial import TrialState
 
-    from clusterkit.console import message, table
-
     if len(study.directions) > 1:
-        trials = study.best_trials[:top]
-    else:
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        reverse = study.direction.name == "MAXIMIZE"
-        trials = sorted(done, key=lambda t: t.value, reverse=reverse)[:top]
+        return list(study.best_trials[:top])
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    reverse = study.direction.name == "MAXIMIZE"
+    return sorted(done, key=lambda t: t.value, reverse=reverse)[:top]
+
+
+def print_best(study: Any, top: int = 5) -> None:
+    """The best completed trials as a table on stderr, with the progress display (stdout is
+    for the data: the CLI's ``best:`` line or ``--json``)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from clusterkit.console import err
+
+    trials = best_trials(study, top)
     if not trials:
-        message("no trial completed")
+        err().print("no trial completed")
         return
-    rows = [
-        (
-            t.number,
-            ", ".join(f"{v:.5g}" for v in t.values),
-            ", ".join(f"{k}={_short(v)}" for k, v in t.params.items()),
-            _seconds(t),
-            t.user_attrs.get(inputs.ATTR_WORKER, ""),
+    grid = Table(title=f"best trials of {escape(study.study_name)}", title_justify="left")
+    for column in ("#", "value", "params", "time", "worker"):
+        grid.add_column(column, header_style="bold")
+    for t in trials:
+        values = ", ".join(f"{v:.5g}" for v in t.values)
+        params = escape(", ".join(f"{k}={_short(v)}" for k, v in t.params.items()))
+        worker = escape(str(t.user_attrs.get(inputs.ATTR_WORKER, "")))
+        grid.add_row(str(t.number), values, params, duration_text(seconds(t)), worker)
+    err().print(grid)
+
+
+def summary(study: Any, top: int = 5) -> dict[str, Any]:
+    """The search's result as data (``--json``): the study, how its trials ended, the best
+    trial (None when none completed) and the ``top`` best."""
+
+    def trial(t: Any) -> dict[str, Any]:
+        values = {"value": t.value} if len(t.values) == 1 else {"values": list(t.values)}
+        worker = t.user_attrs.get(inputs.ATTR_WORKER)
+        return {"number": t.number, **values, "params": t.params, "seconds": seconds(t)} | (
+            {"worker": worker} if worker else {}
         )
-        for t in trials
-    ]
-    table(f"best trials of {study.study_name}", ["#", "value", "params", "time", "worker"], rows)
+
+    best = [trial(t) for t in best_trials(study, top)]
+    counts = {state.lower(): n for state, n in _counts(study).items()}
+    directions = [d.name.lower() for d in study.directions]
+    return {
+        "study": study.study_name,
+        "directions": directions,
+        "trials": counts,
+        "best": best[0] if best and len(directions) == 1 else None,
+        "best_trials": best,
+    }
 
 
-def _seconds(trial: Any) -> str:
+def seconds(trial: Any) -> float | None:
     """Run time on the worker when recorded, else the storage's ask-to-tell duration."""
     span = trial.user_attrs.get(inputs.ATTR_TIME)
     if span:
-        return f"{span[1] - span[0]:.1f}s"
-    return f"{trial.duration.total_seconds():.1f}s" if trial.duration else ""
+        return float(span[1] - span[0])
+    return trial.duration.total_seconds() if trial.duration else None
+
+
+def duration_text(span: float | None) -> str:
+    """``850 ms``, ``1.3 s``, ``2 min 5 s``: three figures at most, never a bare 0.0 s."""
+    if span is None:
+        return ""
+    if span < 1.0:
+        return f"{span * 1000:.3g} ms"
+    if span < 60.0:
+        return f"{span:.3g} s"
+    minutes, rest = divmod(round(span), 60)
+    return f"{minutes} min {rest} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def _short(value: Any) -> str:
@@ -153,19 +196,36 @@ def write_results(study: Any, out: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     study.trials_dataframe().to_csv(folder / "trials.csv", index=False)
     figures: dict[str, Any] = {}
-    for name, (plotly_fn, mpl_fn) in _optuna_plots(study).items():
-        try:
-            figure = plotly_fn(study)
-            _save_png(mpl_fn(study), folder / f"{name}.png")
-            figures[name] = figure
-        except (ValueError, RuntimeError) as error:  # e.g. importances of constant params
-            logger.warning("skipped %s: %s", name, error)
+    with _each_warning_once():  # both renderings of a plot compute it: the same warnings twice
+        for name, (plotly_fn, mpl_fn) in _optuna_plots(study).items():
+            try:
+                figure = plotly_fn(study)
+                _save_png(mpl_fn(study), folder / f"{name}.png")
+                figures[name] = figure
+            except (ValueError, RuntimeError) as error:  # e.g. importances of constant params
+                logger.warning("skipped %s: %s", name, error)
     timeline = timeline_plotly(study)
     if timeline is not None:
         figures["timeline"] = timeline
         _save_png(timeline_matplotlib(study), folder / "timeline.png")
     (folder / "report.html").write_text(report_html(study, figures), encoding="utf-8")
     return folder
+
+
+@contextlib.contextmanager
+def _each_warning_once() -> Iterator[None]:
+    """Warnings raised inside, each distinct one passed on once (to the caller's filters)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    seen = set()
+    for item in caught:
+        key = (item.category, str(item.message))
+        if key not in seen:
+            seen.add(key)
+            warnings.warn_explicit(item.message, item.category, item.filename, item.lineno)
 
 
 def _optuna_plots(study: Any) -> dict[str, tuple[Any, Any]]:
@@ -275,6 +335,22 @@ def _gangs_html(study: Any) -> list[str]:
         '<table id="gangs"><tr><th>#</th><th>k</th><th>state</th><th>workers, rank order</th></tr>'
         f"{rows}</table></details>",
     ]
+
+
+@contextlib.contextmanager
+def written_if_stopped(study: Any, out: str | Path | None) -> Iterator[None]:
+    """A search that stops early (interrupted, or failed) writes its results so far to ``out``,
+    if given; a failure to write them is logged, never raised over the reason it stopped."""
+    try:
+        yield
+    except BaseException:
+        if out is not None:
+            try:
+                write_results(study, out)
+                logger.warning("stopped: the results so far are in %s", out)
+            except Exception as error:
+                logger.warning("could not write the results so far to %s: %s", out, error)
+        raise
 
 
 def finish(study: Any, out: str | Path | None, progress: bool) -> None:
