@@ -206,6 +206,16 @@ def test_the_known_exceptions_are_still_there() -> None:
     assert [edge for edge in KNOWN_EXCEPTIONS if edge[1] not in graph[edge[0]]] == []
 
 
+def test_the_runs_layer_registers_its_hooks_with_the_lower_layers() -> None:
+    """The supervisor and ``down`` reach the runs layer only through these entry points
+    (pyproject.toml): a stale install would leave lost runs unresumed."""
+    from clusterkit import runs
+    from clusterkit.lifecycle import hooks
+
+    assert hooks.registered(hooks.WATCH) == (runs.resume_lost_on_cluster,)
+    assert hooks.registered(hooks.BEFORE_DOWN) == (runs.stop_on_cluster,)
+
+
 def test_hooks_are_called_not_looked_up() -> None:
     offenders = [
         f"{name}: {line.strip()}"
