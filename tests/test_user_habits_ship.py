@@ -169,6 +169,35 @@ def test_scan_leaves_out_what_this_process_is_writing(tmp_path: Path) -> None:
     assert "run.log" in [f.path for f in workdir.scan(tmp_path).files]
 
 
+EARLIER_RUN = {  # the study file an earlier `clusterkit hpo` left in the project
+    "obj-objective.optuna.log": "optuna.storages.JournalStorage("
+    "optuna.storages.journal.JournalFileBackend('obj-objective.optuna.log'))",
+    "obj-objective.db": "'sqlite:///obj-objective.db'",
+}
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("study_file", sorted(EARLIER_RUN))
+def test_the_study_file_of_an_earlier_run_is_no_part_of_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, study_file: str
+) -> None:
+    """A rerun in the project: the search writes its study file all along, so a worker that
+    joins later (one restarted) would find the project changed, and no copy of it anywhere."""
+    from clusterkit.runners.hpo import inputs
+
+    (tmp_path / "obj.py").write_text("def objective(trial):\n    return 1.0\n")
+    make = f"import optuna; optuna.create_study(storage={EARLIER_RUN[study_file]})"
+    subprocess.run([sys.executable, "-c", make], cwd=tmp_path, check=True, timeout=60)
+    monkeypatch.chdir(tmp_path)
+    scanned = workdir.scan(tmp_path)  # the CLI scans first, before the study is opened
+    assert [f.path for f in scanned.files] == sorted(["obj.py", study_file])
+    storage = None if study_file.endswith(".log") else f"sqlite:///{study_file}"
+    inputs.resolve_storage(storage, "obj-objective")
+    project = workdir.resolve(scanned)
+    assert project is not None and [f.path for f in project.files] == ["obj.py"]
+    assert project.digest == workdir.scan(tmp_path).digest
+
+
 @pytest.mark.local
 def test_output_redirected_into_the_project_keeps_the_trials_there(
     tmp_path: Path, cache: Path

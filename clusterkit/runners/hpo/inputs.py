@@ -85,12 +85,17 @@ def resolve_storage(spec: Any, study_name: str) -> Any:
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
         try:
-            make_url(text).get_dialect()
+            url = make_url(text)
+            url.get_dialect()
         except (ArgumentError, NoSuchModuleError, ValueError) as error:
             raise BadInput(
                 f"storage {text!r} is not a usable database URL: {error}",
                 hint="use sqlite:///FILE.db, postgresql://..., mysql://..., or a journal file path",
             ) from error
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            from clusterkit.runners.workdir import writes
+
+            writes(url.database)  # as a journal: no part of a project it lies in
         try:
             return optuna.storages.RDBStorage(text)
         except Exception as error:
@@ -102,7 +107,9 @@ def resolve_storage(spec: Any, study_name: str) -> Any:
             hint="use sqlite:///FILE.db, postgresql://..., or a journal file like study.optuna.log",
         )
     from clusterkit.runners.hpo.storage import open_journal
+    from clusterkit.runners.workdir import writes
 
+    writes(path)  # written all along the search: no part of a project it lies in
     return open_journal(str(path))
 
 

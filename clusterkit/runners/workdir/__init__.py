@@ -23,6 +23,8 @@ from clusterkit.runners.workdir.project import (
     Project,
     parse_max_size,
     scan,
+    without_outputs,
+    writes,
 )
 from clusterkit.runners.workdir.ship import Shipment, reship, ship
 
@@ -40,6 +42,7 @@ __all__ = [
     "resolve",
     "scan",
     "ship",
+    "writes",
 ]
 
 AUTO = "auto"
@@ -63,9 +66,12 @@ def resolve(
     """The project for ``workdir``: a path, a Project, None (off) or ``"auto"``.
 
     ``"auto"``: the current directory when ``fn``'s module file lives under it, else off.
+    A Project scanned earlier loses the files this process has begun to write since.
     """
-    if workdir is None or isinstance(workdir, Project):
-        return workdir
+    if workdir is None:
+        return None
+    if isinstance(workdir, Project):
+        return without_outputs(workdir)
     if str(workdir) == AUTO:
         where = _module_file(fn) if fn is not None else None
         cwd = Path.cwd().resolve()

@@ -3,8 +3,9 @@
 Excluded: ``.git``, ``__pycache__``, virtual environments (a directory holding ``pyvenv.cfg``
 or ``conda-meta``), whatever ``.gitignore`` files (at any depth) and an optional
 ``.clusterkitignore`` at the root list, in gitignore syntax (``pathspec``), and the files this
-process has open for writing: the run's own output (``> run.log 2>&1``, a SQLite study, a log
-file), which changes while the workers compare digests and is no part of the project.
+process writes: open for writing (its own ``> run.log 2>&1``, a SQLite study, a log file) or
+declared (:func:`writes`: a study's journal). They change while workers compare digests (a
+worker that joins later too) and are no part of the project.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from clusterkit.errors import BadInput
@@ -26,6 +27,8 @@ _CHUNK = 1 << 20
 
 #: (path) -> (size, mtime_ns, inode, digest): digests of files that did not change are reused
 _digests: dict[str, tuple[int, int, int, str]] = {}
+#: Files this process writes while it runs, declared with :func:`writes` (real paths).
+_outputs: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -186,18 +189,39 @@ def _state_inside(root: Path) -> str | None:
     return str(private.relative_to(root)) + os.sep
 
 
+def writes(path: str | os.PathLike[str]) -> None:
+    """Declare a file this process writes while it runs (a study's journal or database): no
+    part of any project scanned or resolved from now on (see :func:`being_written`)."""
+    _outputs.add(os.path.realpath(path))
+
+
 def being_written(root: str) -> set[str]:
-    """Files under ``root`` (relative paths) that this process has open for writing."""
+    """Files under ``root`` (relative paths) that this process writes: open for writing now,
+    or declared with :func:`writes`."""
     import psutil
 
     prefix = root.rstrip(os.sep) + os.sep
     try:
-        opened = psutil.Process().open_files()
-    except psutil.Error:  # not readable here: nothing known to be written
-        return set()
-    return {
-        os.path.relpath(f.path, root) for f in opened if f.mode != "r" and f.path.startswith(prefix)
-    }
+        opened = {f.path for f in psutil.Process().open_files() if f.mode != "r"}
+    except psutil.Error:  # not readable here: only what was declared
+        opened = set()
+    return {os.path.relpath(p, root) for p in opened | _outputs if p.startswith(prefix)}
+
+
+def without_outputs(project: Project) -> Project:
+    """``project`` less the files this process writes by now (scanned before it began to)."""
+    written = being_written(project.root)
+    if not any(f.path in written for f in project.files):
+        return project
+    kept = tuple(f for f in project.files if f.path not in written)
+    return replace(project, files=kept, digest=_overall_digest(kept))
+
+
+def _overall_digest(entries: tuple[FileEntry, ...] | list[FileEntry]) -> str:
+    overall = hashlib.sha256()
+    for entry in entries:
+        overall.update(f"{entry.path}\0{entry.mode}\0{entry.digest}\n".encode())
+    return overall.hexdigest()
 
 
 def scan(
@@ -217,7 +241,6 @@ def scan(
     ]
     _check_cap(str(path), found, limit)
     entries = []
-    overall = hashlib.sha256()
     for relative, size in found:
         full = os.path.join(path, relative)
         try:
@@ -226,7 +249,6 @@ def scan(
         except FileNotFoundError:  # removed while the scan ran (a temporary file)
             continue
         entries.append(FileEntry(relative, size, mode, digest))
-        overall.update(f"{relative}\0{mode}\0{digest}\n".encode())
     forced = os.environ.get(COPY_ENV, "") in ("1", "true", "yes") if copy is None else copy
     key = hashlib.sha256(f"{socket.gethostname()}\0{path}".encode()).hexdigest()
-    return Project(str(path), tuple(entries), overall.hexdigest(), forced, key)
+    return Project(str(path), tuple(entries), _overall_digest(entries), forced, key)
