@@ -4,12 +4,19 @@ Runs inside a DDP rank process (:mod:`clusterkit.runners.ddp.rank`), with torchr
 set. The objective gets an ``optuna.Trial`` whose ``suggest_*`` ask the driver, which samples each
 parameter once and gives every rank the same value. Rank 0's reports, user attributes and result
 are the trial's; ``should_prune`` asks the driver on every rank, which decides on rank 0's values
-and gives each rank the same answer for the same step.
+and gives each rank the same answer for the same step. Objectives written for Optuna's
+``TorchDistributedTrial`` run unchanged (:func:`_accept_distributed_trials`), and a rank process
+kept for the next trial starts it with fresh state in the modules that cached a process group.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import logging
+import sys
 import time
+from types import ModuleType
 from typing import Any
 
 import cloudpickle
@@ -20,6 +27,8 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from clusterkit.runners.hpo.mirror import StudyMirror, TrialView
+
+logger = logging.getLogger(__name__)
 
 
 class DriverLink:
@@ -112,6 +121,76 @@ def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
 
 
 _context: list[Any] = []  # the running trial's rank context, while its objective runs
+_trials: list[optuna.Trial] = []  # the running trial's, as the objective gets it
+_imported: set[str] = set()  # the modules this process held before its first trial
+
+
+def _stale_modules() -> list[ModuleType]:
+    """Modules imported by a trial of this process whose globals hold a process group: every
+    group is destroyed when a trial ends, so a library that caches one (Optuna's
+    ``TorchDistributedTrial`` keeps its group in a module global) would use a dead group."""
+    from torch.distributed import ProcessGroup
+
+    stale = []
+    for name, module in list(sys.modules.items()):
+        if name in _imported or not isinstance(module, ModuleType):
+            continue
+        if any(isinstance(value, ProcessGroup) for value in list(vars(module).values())):
+            stale.append(module)
+    return stale
+
+
+def _fresh_module_state() -> None:
+    """Before a trial: the first takes note of the modules the process held; each later one
+    executes the modules its predecessors left a process group in again, in the namespace the
+    objective's functions and classes still refer to, so they see the state a fresh process
+    would give them (a reused rank process serves the search's next trial)."""
+    if not _imported:
+        _imported.update(sys.modules)
+        return
+    for module in _stale_modules():
+        try:
+            importlib.reload(module)
+        except Exception as error:  # its groups at least go: None is what a fresh import binds
+            logger.debug("reloading %s failed (%s); clearing its process groups", module, error)
+            _clear_groups(module)
+
+
+def _clear_groups(module: ModuleType) -> None:
+    from torch.distributed import ProcessGroup
+
+    for name, value in list(vars(module).items()):
+        if isinstance(value, ProcessGroup):
+            setattr(module, name, None)
+
+
+def _accept_distributed_trials() -> None:
+    """Optuna's distributed-trial convention: ``TorchDistributedTrial(trial)`` wants the trial on
+    rank 0 and None on the others, and a process group. Every rank's objective gets a trial, so
+    on the others the one it got becomes None; and where the objective leaves the group to its
+    launcher (as Optuna's example does in its ``__main__``), the default group is initialised
+    from torchrun's environment. Done once per process, where optuna-integration is installed."""
+    try:
+        from optuna_integration.pytorch_distributed import pytorch_distributed as module
+    except ImportError:
+        return
+    original = module.TorchDistributedTrial.__init__
+    if getattr(original, "_clusterkit", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, trial: Any, group: Any = None, *args: Any, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
+        if _context and trial is not None and _trials and trial is _trials[-1]:
+            if group is None and not dist.is_initialized():
+                dist.init_process_group(_context[-1].backend)
+            if _context[-1].rank != 0:
+                trial = None
+        original(self, trial, group, *args, **kwargs)
+
+    __init__._clusterkit = True  # type: ignore[attr-defined]
+    module.TorchDistributedTrial.__init__ = __init__  # type: ignore[method-assign]
 
 
 def rank_context() -> Any:
@@ -129,18 +208,22 @@ def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str,
 
     An exception propagates: the driver ends every rank of the trial and retries it whole.
     """
+    _fresh_module_state()
+    _accept_distributed_trials()
     link = DriverLink(ctx, info)
     trial = _trial(info, link)
     objective = cloudpickle.loads(objective_blob)
     record: dict[str, Any] = {"number": info["number"], "error": None, "exception": None}
     start = time.time()
     _context.append(ctx)
+    _trials.append(trial)
     try:
         record.update(state=TrialState.COMPLETE.name, values=objective(trial))
     except optuna.TrialPruned:
         record.update(state=TrialState.PRUNED.name, values=None)
     finally:
         _context.pop()
+        _trials.pop()
     frozen = trial.storage.get_trial(trial._trial_id)
     record.update(
         params={},  # the driver sampled them and holds them
