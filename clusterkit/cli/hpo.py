@@ -107,6 +107,7 @@ def hpo(
         False, "--dashboard", help="Live optuna-dashboard of the study, read-only, on 127.0.0.1."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    mlflow: str = typer.Option(None, "--mlflow", help="MLflow tracking URI: a run per trial."),
 ) -> str | None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage.
 
@@ -143,7 +144,9 @@ def _search(objective: Any, store: Any, name: str, project: Any, params: dict[st
     from clusterkit.cli.runs import search_dashboard
     from clusterkit.client import get_client
     from clusterkit.runners.hpo import run
+    from clusterkit.runners.hpo.callbacks import mlflow_callback
 
+    callbacks = [mlflow_callback(params["mlflow"])] if params["mlflow"] else []
     folder = params["out"] or f"{name}-results"
     gpus = params["gpus_per_trial"]
     client = get_client(params["profile"])
@@ -164,6 +167,7 @@ def _search(objective: Any, store: Any, name: str, project: Any, params: dict[st
             ranks_per_trial=params["ranks_per_trial"],
             checkpoint_dir=params["checkpoint_dir"],
             lookahead=params["lookahead"],
+            callbacks=callbacks,
         )
     finally:
         view.close()
@@ -198,6 +202,8 @@ def _detach(name: str, params: dict[str, Any]) -> str:
         argv += ["--ranks-per-trial", str(params["ranks_per_trial"])]
     if params["lookahead"] != 1:
         argv += ["--lookahead", str(params["lookahead"])]
+    if params["mlflow"] is not None:
+        argv += ["--mlflow", params["mlflow"]]
     if params["checkpoint_dir"] is not None:
         url = params["checkpoint_dir"]
         argv += ["--checkpoint-dir", url if "://" in url else _absolute(url)]

@@ -50,3 +50,26 @@ class InOrder:
             self.deliver()
             if self.waiting:
                 self.waiting.popleft()
+
+
+def mlflow_callback(tracking_uri: str) -> Callback:
+    """Optuna's ``MLflowCallback`` for ``tracking_uri`` (``sqlite:///DIR/mlflow.db``, a
+    server's URL): each finished trial one run of the study's experiment, named by its number,
+    with its parameters and value. Missing packages are bad input, before anything starts."""
+    import warnings
+
+    from clusterkit.errors import BadInput
+
+    try:
+        import mlflow  # noqa: F401 - the callback imports it only when first called
+        from optuna.exceptions import ExperimentalWarning
+        from optuna_integration.mlflow import MLflowCallback
+    except ImportError as error:
+        raise BadInput(
+            f"MLflow tracking needs the packages mlflow and optuna-integration ({error.name} "
+            "is not installed)",
+            hint="pip install mlflow-skinny optuna-integration",
+        ) from error
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return MLflowCallback(tracking_uri=tracking_uri, metric_name="value")
