@@ -27,6 +27,7 @@ TIERS = (
     "local",
     "ssh",
     "slurm",
+    "multinode",
     "pbs",
     "sge",
     "htcondor",

@@ -214,19 +214,32 @@ class JobQueueBackend(Backend):
                 )
 
     def describe(self, cluster: Any, profile: JobQueueProfile) -> list[StatusRow]:
-        """One row per job: the batch system's state and, for pending jobs, its reason."""
+        """One row per job: the batch system's state and, for pending jobs, its reason; for a
+        running one, its node(s) and the worker it runs (which node each worker is on)."""
         ids = job_ids(cluster, current=True)  # not the jobs already replaced
         known = self.QUEUE.jobs(ids)
+        workers = {
+            str(job.job_id): str(name)
+            for name, job in list(getattr(cluster, "workers", {}).items())
+            if getattr(job, "job_id", None)
+        }
         rows = []
         for job_id in ids:
             info = known.get(job_id, JobInfo(job_id, "GONE"))
+            worker = workers.get(job_id, "")
+            where = f"{info.nodes} (worker {worker})" if info.nodes and worker else info.nodes
             rows.append(
                 StatusRow(
                     kind="job",
                     name=job_id,
                     state=info.state,
-                    detail=info.reason if info.reason else info.nodes,
-                    extra={"reason": info.reason, "nodes": info.nodes, "elapsed": info.elapsed},
+                    detail=info.reason if info.reason else where,
+                    extra={
+                        "reason": info.reason,
+                        "nodes": info.nodes,
+                        "elapsed": info.elapsed,
+                        "worker": worker,
+                    },
                 )
             )
         return rows

@@ -1,0 +1,240 @@
+"""clusterkit on a multi-node SLURM (tests/multinode.py): a login node and three compute nodes,
+each a network namespace with its own host name and address on one bridge.
+
+Everything runs as a user would run it on the login node: ``clusterkit`` and Python
+subprocesses entered into the login node's namespaces (this process stays outside, and has no
+route to any node). One SLURM serves the tier; one three-worker cluster serves the tests that
+only read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import multinode as M
+
+pytestmark = pytest.mark.multinode
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[M.MultiNode]:
+    """The tier's SLURM; missing SLURM or namespaces fail (the tier is required), never skip."""
+    reason = M.missing_reason()
+    if reason:
+        pytest.fail(reason)
+    cluster = M.start(tmp_path_factory.mktemp("multinode"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def profile(directory: Path, name: str, **fields: Any) -> Path:
+    data: dict[str, Any] = {
+        "backend": "slurm",
+        "queue": M.PARTITION,
+        "workers": 3,
+        "cores": 1,
+        "memory": "1GiB",
+        "walltime": "00:10:00",
+        "interface": M.INTERFACE,
+        "log_directory": str(directory / "joblogs"),
+        "start_timeout": 120,
+        "scheduler": {"dashboard": False},
+    }
+    data.update(fields)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def on_login(
+    nodes: M.MultiNode, *command: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``command`` on the login node, in the repository (``tests`` imports), this SLURM's."""
+    return subprocess.run(
+        [*nodes.enter(), *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **nodes.env(), **(env or {})},
+        check=False,
+    )
+
+
+def clusterkit(nodes: M.MultiNode, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return on_login(nodes, sys.executable, "-m", "clusterkit", *args, **kwargs)
+
+
+def python(nodes: M.MultiNode, code: str, *args: str, **kwargs: Any) -> Any:
+    """Run ``code`` on the login node; what it printed last, as JSON."""
+    done = on_login(nodes, sys.executable, "-c", textwrap.dedent(code), *args, **kwargs)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def nothing_left(nodes: M.MultiNode) -> None:
+    """No job in the queue and no process but slurmd on any node (workers end with the jobs)."""
+    deadline = time.monotonic() + 30
+    while nodes.queue() or any(nodes.processes(n) for n in M.NODES):
+        if time.monotonic() > deadline:
+            left = {n: nodes.processes(n) for n in M.NODES}
+            pytest.fail(f"left after down: queue {nodes.queue()}, processes {left}")
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ one cluster, three nodes
+
+
+@pytest.fixture(scope="module")
+def three(nodes: M.MultiNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """`clusterkit up` of three worker jobs, shared by the tests that only read it; the env
+    (its own state directory) the tests reach it with."""
+    directory = tmp_path_factory.mktemp("three")
+    # no spare rank processes kept on the workers after a DDP run: they would outlive the test
+    # that ran it (the leftover check), the cluster being the module's
+    env = {"CLUSTERKIT_STATE_DIR": str(directory / "state"), "CLUSTERKIT_DDP_SPARES": "0"}
+    done = clusterkit(nodes, "up", str(profile(directory, "three")), "--name", "three", env=env)
+    assert done.returncode == 0, done.stderr[-3000:] + nodes.log()
+    try:
+        yield env
+    finally:
+        clusterkit(nodes, "down", "three", env=env)
+        nodes.empty_queue()
+
+
+def test_workers_run_on_three_nodes_and_status_names_them(
+    nodes: M.MultiNode, three: dict[str, str]
+) -> None:
+    jobs = {line.split()[0]: line.split()[2] for line in nodes.queue()}
+    assert sorted(jobs.values()) == list(M.NODES), nodes.queue()
+    done = clusterkit(nodes, "status", "three", env=three)
+    assert done.returncode == 0, done.stderr
+    assert f"tls://{M.address(M.LOGIN)}:" in done.stdout, done.stdout
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in done.stdout.splitlines()]
+    rows = [row for row in cells if row and row[0] == "job"]  # job, id, state, "n1 (worker x)"
+    named = {row[1]: tuple(row[3].rstrip(")").split(" (worker ")) for row in rows}
+    assert {job: node for job, (node, _) in named.items()} == jobs, done.stdout
+    assert sorted(worker for _, worker in named.values()) == ["three-0", "three-1", "three-2"]
+
+
+GET_CLIENT = """
+    import json, socket, sys
+    import clusterkit
+    client = clusterkit.get_client(sys.argv[1])
+    hosts = client.gather(client.map(lambda _: socket.gethostname(), range(60), pure=False))
+    addresses = list(client.scheduler_info(n_workers=-1)["workers"])
+    print(json.dumps({"me": socket.gethostname(), "hosts": sorted(set(hosts)),
+                      "scheduler": client.scheduler.address, "workers": sorted(addresses)}))
+"""
+
+
+def test_get_client_from_the_login_node_reaches_three_hosts(
+    nodes: M.MultiNode, three: dict[str, str]
+) -> None:
+    seen = python(nodes, GET_CLIENT, "three", env=three)
+    assert seen["me"] == M.LOGIN
+    assert seen["hosts"] == list(M.NODES), seen
+    assert seen["scheduler"].startswith(f"tls://{M.address(M.LOGIN)}:")
+    hosts = sorted(address.split("//")[1].rsplit(":", 1)[0] for address in seen["workers"])
+    assert hosts == [M.address(node) for node in M.NODES], seen
+
+
+CONTRACT = """
+    import json, sys
+    from clusterkit import api, get_client
+    from tests import contract
+    name = sys.argv[1]
+    assert contract.fresh_process_result(name) == "42"
+    client = get_client(name)
+    assert client.submit(lambda x: x * 2, 21).result(timeout=60) == 42
+    info = api.status(name)
+    assert len(info["workers"]) == 3 and "scheduler" in api.logs(name)
+    with contract.shipped_by_value():
+        contract.runners(client)  # a DDP run over the three nodes, then a search
+    client.close()
+    print(json.dumps("ok"))
+"""
+
+
+def test_contract_body_passes_across_nodes(nodes: M.MultiNode, three: dict[str, str]) -> None:
+    assert python(nodes, CONTRACT, "three", env=three) == "ok"
+
+
+def test_down_leaves_nothing_on_any_node(nodes: M.MultiNode, three: dict[str, str]) -> None:
+    done = clusterkit(nodes, "down", "three", env=three)
+    assert done.returncode == 0, done.stderr
+    nothing_left(nodes)
+
+
+# ------------------------------------------------------------------ DDP over two nodes
+
+
+TRAIN = """\
+import json, os, socket, subprocess, sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+         "GROUP_WORLD_SIZE", "MASTER_ADDR", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+seen = {name: os.environ.get(name) for name in names}
+interface = os.environ.get("GLOO_SOCKET_IFNAME") or "lo"
+seen["interface_addresses"] = subprocess.run(
+    ["ip", "-o", "-4", "addr", "show", "dev", interface], capture_output=True, text=True
+).stdout
+seen.update(host=socket.gethostname(), sum=value.item())
+Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(seen))
+dist.destroy_process_group()
+"""
+
+
+def test_train_four_ranks_over_two_nodes(nodes: M.MultiNode, tmp_path: Path) -> None:
+    """Two jobs of two worker processes: torchrun's layout for 2 nodes x 2 ranks, the master
+    on rank 0's node address, gloo on the interface that carries each worker's address."""
+    (tmp_path / "project").mkdir()
+    script = tmp_path / "project" / "train.py"
+    script.write_text(TRAIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    path = profile(tmp_path, "ddp", workers=4, processes=2, cores=2, memory="2GiB")  # 2 jobs
+    env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
+    done = clusterkit(
+        nodes, "train", str(script), "-p", str(path), "-n", "4", "--timeout", "240",
+        "--", str(out), env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)]
+    hosts = [r["host"] for r in ranks]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts  # torchrun: ranks by node
+    assert set(hosts) <= set(M.NODES)
+    for rank, seen in enumerate(ranks):
+        assert seen["sum"] == 10.0, seen  # 1 + 2 + 3 + 4
+        assert seen["MASTER_ADDR"] == M.address(hosts[0]), seen
+        assert seen["GLOO_SOCKET_IFNAME"] == seen["NCCL_SOCKET_IFNAME"] == M.INTERFACE, seen
+        assert f"inet {M.address(seen['host'])}/" in seen["interface_addresses"], seen
+        layout = {
+            **{"RANK": rank, "WORLD_SIZE": 4, "LOCAL_RANK": rank % 2, "LOCAL_WORLD_SIZE": 2},
+            **{"GROUP_RANK": rank // 2, "GROUP_WORLD_SIZE": 2},  # torchrun's for 2 x 2
+        }
+        assert {name: int(seen[name]) for name in layout} == layout, seen
+    nothing_left(nodes)
