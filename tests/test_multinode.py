@@ -238,3 +238,79 @@ def test_train_four_ranks_over_two_nodes(nodes: M.MultiNode, tmp_path: Path) -> 
         }
         assert {name: int(seen[name]) for name in layout} == layout, seen
     nothing_left(nodes)
+
+
+# ------------------------------------------------------------------ a node dies mid-search
+
+
+OBJECTIVE = """\
+import socket
+import time
+
+
+def objective(trial):
+    x = trial.suggest_float("x", -5, 5)
+    trial.set_user_attr("host", socket.gethostname())
+    time.sleep(1.0)
+    return (x - 1) ** 2
+"""
+
+
+def _trials(storage: str) -> list[Any]:
+    import optuna
+
+    try:
+        return optuna.load_study(study_name="dies", storage=storage).get_trials(deepcopy=False)
+    except KeyError:  # not created yet
+        return []
+
+
+def test_a_node_dies_mid_search(nodes: M.MultiNode, tmp_path: Path) -> None:
+    """Every process of node n3 killed mid-search, its slurmd included: the search finishes
+    on n1 and n2 with each trial once in the study; SLURM marks n3 down; nothing is left."""
+    import optuna
+
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "objective.py").write_text(OBJECTIVE)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    path = profile(tmp_path, "dies")
+    objective = f"{tmp_path / 'project' / 'objective.py'}:objective"
+    command = [*nodes.enter(), sys.executable, "-m", "clusterkit", "hpo", objective,
+               "-p", str(path), "-n", "24", "--storage", storage, "--study-name", "dies",
+               "--no-progress"]  # fmt: skip
+    env = {**os.environ, **nodes.env(), "CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
+    search = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while {t.user_attrs.get("host") for t in _trials(storage)} < set(M.NODES):
+            assert search.poll() is None, search.communicate()[0]
+            assert time.monotonic() < deadline, "no trial ran on every node"
+            time.sleep(0.2)
+        assert nodes.kill_node("n3"), "nothing ran on n3"
+        killed_at = time.time()
+        output, _ = search.communicate(timeout=300)
+        took = time.time() - killed_at
+        print(f"search ended {took:.1f}s after n3 died; it printed (exit {search.returncode}):")
+        print(output)
+        assert search.returncode == 0, output
+        trials = _trials(storage)
+        assert len(trials) == 24 and [t.number for t in trials] == list(range(24))
+        complete = optuna.trial.TrialState.COMPLETE
+        assert all(t.state == complete for t in trials), [t.state for t in trials]
+        last = max(t.datetime_complete.timestamp() for t in trials)  # type: ignore[union-attr]
+        print(f"the last trial ended {last - killed_at:.1f}s after n3 died")
+        after = [t for t in trials if t.datetime_start.timestamp() > killed_at + 1]
+        assert after and all(t.user_attrs["host"] != "n3" for t in after)
+        deadline = time.monotonic() + 60
+        while not nodes.node_states().get("n3", "").startswith("down"):
+            assert time.monotonic() < deadline, nodes.node_states()
+            time.sleep(0.5)
+        print(f"SLURM marked n3 down {time.time() - killed_at:.1f}s after it died")
+        nothing_left(nodes)
+    finally:
+        if search.poll() is None:
+            search.kill()
+            search.communicate()
+        nodes.revive_node("n3")
