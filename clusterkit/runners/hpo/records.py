@@ -92,7 +92,7 @@ def best_summary(study: Any) -> str:
         shown = "; ".join(
             f"#{t.number} values {[float(f'{v:.6g}') for v in t.values]}" for t in front
         )
-        return f"best: {len(front)} trials on the Pareto front: {shown}"
+        return f"best: the Pareto front ({len(front)}): {shown}"
     try:
         best = study.best_trial
     except ValueError:
