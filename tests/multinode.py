@@ -2,8 +2,9 @@
 
 Each node is a network namespace joined to one bridge (in a "switch" namespace of its own) by a
 veth pair whose node end is ``eth0``, with its own host name in a UTS namespace kept in a file
-(``unshare --uts=FILE``), so ``nsenter --net=... --uts=...`` enters a node. slurmctld runs on the
-login node (10.233.0.1), where the tests also run ``clusterkit`` and the driver; one slurmd per
+(``unshare --uts=FILE``, under ``RUN_DIR``), so ``nsenter --net=... --uts=...`` enters a node.
+slurmctld runs on the login node (10.233.0.1), where the tests also run ``clusterkit`` and the
+driver; one slurmd per
 compute node (n1..n3 at 10.233.0.2-4), with ``%n`` in its spool, pid and log paths. The nodes
 share the filesystem (one mount namespace) and munged's socket. None of the names resolve
 anywhere, so nothing can reach a compute node through a host name or loopback.
@@ -11,7 +12,8 @@ anywhere, so nothing can reach a compute node through a host name or loopback.
 ``start(directory)`` brings it up and waits for every node to be idle; ``MultiNode.stop()``
 cancels every job, stops the daemons by their PIDs, kills what is left in the namespaces and
 deletes them. ``kill_node`` is a node dying (every process in it killed, slurmd included);
-``revive_node`` starts its slurmd again.
+``revive_node`` starts its slurmd again. A run killed before its teardown leaves its namespaces;
+the next ``start`` removes them (``remove_stale``: the UTS files are kept per run, by PID).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ INTERFACE = "eth0"
 CPUS = 4
 REAL_MEMORY_MB = 4000
 PARTITION = "nodes"
+#: The UTS namespace files, a folder per run (its PID): what a killed run left is found here
+RUN_DIR = Path("/run/clusterkit-multinode")
 
 #: conftest.TOKEN_VAR: marks a test's processes (the daemons are the session's)
 TOKEN_VAR = "CLUSTERKIT_TEST_TOKEN"
@@ -206,20 +210,40 @@ class MultiNode:
             pid = single._read_pid(self.directory / f"{name}.pid")
             if pid:
                 single._stop_pid(pid, timeout=5)
-        for ns in self.namespaces:
-            for pid in self.pids(ns.removeprefix(f"ck{self.tag}")):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        _remove(self.tag)
         self.namespaces.clear()
-        for path in self.uts_files.values():
-            subprocess.run(["umount", str(path)], capture_output=True, check=False)
-            path.unlink(missing_ok=True)
         self.uts_files.clear()
         if self.munged_pid:
             single._release_munged(self.munged_pid)
             self.munged_pid = None
+
+
+def _remove(tag: str) -> None:
+    """Kill what runs in the namespaces of ``tag``, delete them and unmount its UTS files."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    names = {f"ck{tag}{node}" for node in ("sw", LOGIN, *NODES)}
+    ours = [line.split()[0] for line in listed.stdout.splitlines() if line.split()[0] in names]
+    for ns in ours:
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+    for ns in ours:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    folder = RUN_DIR / tag
+    for path in folder.glob("*") if folder.is_dir() else ():
+        subprocess.run(["umount", str(path)], capture_output=True, check=False)
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def remove_stale() -> None:
+    """What a run killed before its teardown left: its namespaces, daemons and UTS files."""
+    for folder in RUN_DIR.glob("*") if RUN_DIR.is_dir() else ():
+        mine = folder.name == str(os.getpid())  # a dead run's PID, now this process's
+        if folder.name.isdigit() and (mine or not single._alive(int(folder.name))):
+            _remove(folder.name)
 
 
 def _network(cluster: MultiNode) -> None:
@@ -240,7 +264,8 @@ def _network(cluster: MultiNode) -> None:
         _run("ip", "-n", ns, "addr", "add", f"{address(node)}/24", "dev", INTERFACE)
         _run("ip", "-n", ns, "link", "set", INTERFACE, "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
-        uts = cluster.directory / f"uts-{node}"
+        uts = RUN_DIR / cluster.tag / node
+        uts.parent.mkdir(parents=True, exist_ok=True)
         uts.touch()
         _run("unshare", f"--uts={uts}", "hostname", node)
         cluster.uts_files[node] = uts
@@ -271,7 +296,8 @@ def start(directory: Path, timeout: float = 60.0) -> MultiNode:
     directory = directory.resolve()
     for sub in ("state", "log"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
-    cluster = MultiNode(directory, _write_conf(directory), tag=f"{os.getpid() % 100000}")
+    remove_stale()
+    cluster = MultiNode(directory, _write_conf(directory), tag=str(os.getpid()))
     try:
         _network(cluster)
         cluster.munged_pid = single.ensure_munged()
