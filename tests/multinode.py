@@ -236,6 +236,7 @@ def _remove(tag: str) -> None:
         path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         folder.rmdir()
+        RUN_DIR.rmdir()  # unless another run's folder is there
 
 
 def remove_stale() -> None:
