@@ -123,8 +123,12 @@ def test_no_warm_up_when_it_is_off(
 def test_a_module_that_fails_on_the_workers_fails_its_trials_with_the_real_error(
     client: distributed.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from clusterkit.runners.hpo.records import NoTrialCompleted
+
     module = project_module(tmp_path, monkeypatch, "warm_broken", BROKEN)
-    study = search(client, module, 3, tmp_path)
+    with pytest.raises(NoTrialCompleted) as raised:  # no trial completed: the search says so
+        search(client, module, 3, tmp_path)
+    study = raised.value.study
     trials = study.get_trials()
     assert len(trials) == 3
     assert {t.state for t in trials} == {optuna.trial.TrialState.FAIL}
