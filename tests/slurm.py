@@ -1,11 +1,13 @@
 """A single-node SLURM on 127.0.0.1 for tests: munged, slurmctld and slurmd from a tmp config.
 
 ``start(directory)`` writes slurm.conf (infra.md §3a), starts the daemons and waits for the node
-to be idle; ``Slurm.stop()`` cancels every job, waits for the queue to empty, and stops the
-daemons by the PIDs in their pid files; munged too, if this process started it and no other
-SLURM of this process still uses it. Whether munged runs is asked of munged itself (a stopped
-munged lingers as a zombie that ``pgrep`` still lists), so a tier passes on its own, in any
-order, with or without a munged left from earlier.
+to be idle. The node has ``GPUS`` GRES GPUs: files standing in for device nodes, which slurmctld
+schedules and ``sbatch --test-only`` checks requests against (nothing ever runs on them), so one
+SLURM serves the whole session, GPU directives included. ``Slurm.stop()`` cancels every job,
+waits for the queue to empty, and stops the daemons by the PIDs in their pid files; munged too,
+if this process started it and no other SLURM of this process still uses it. Whether munged runs
+is asked of munged itself (a stopped munged lingers as a zombie that ``pgrep`` still lists), so a
+tier passes on its own, in any order, with or without a munged left from earlier.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scancel")
 CPUS = 8
 REAL_MEMORY_MB = 8000
+GPUS = 4
 PARTITION = "debug"
 
 
@@ -59,7 +62,8 @@ SelectTypeParameters=CR_Core_Memory
 SlurmdParameters=config_overrides
 KillWait=2
 MinJobAge=2
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} State=UNKNOWN
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} Gres=gpu:{gpus} State=UNKNOWN
 PartitionName={partition} Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -200,6 +204,9 @@ def start(directory: Path, timeout: float = 30.0) -> Slurm:
     for sub in ("state", "spool", "log"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     host = socket.gethostname().split(".")[0]
+    for index in range(GPUS):
+        (directory / f"gpu{index}").touch()
+    (directory / "gres.conf").write_text(f"Name=gpu File={directory}/gpu[0-{GPUS - 1}]\n")
     conf = directory / "slurm.conf"
     conf.write_text(
         CONF.format(
@@ -207,6 +214,7 @@ def start(directory: Path, timeout: float = 30.0) -> Slurm:
             d=directory,
             cpus=CPUS,
             memory=REAL_MEMORY_MB,
+            gpus=GPUS,
             partition=PARTITION,
             ctld_port=_free_port(),
             slurmd_port=_free_port(),

@@ -580,35 +580,9 @@ def test_chart_commands_parse(case: tuple[str, int, bool], tmp_path: Path) -> No
 # ------------------------------------------------------------------ sbatch --test-only
 
 
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[Any]:
-    """A real single-node SLURM (tests/slurm.py) whose node has 4 GRES GPUs.
-
-    The GPUs are files standing in for device nodes: slurmctld schedules them and sbatch checks
-    requests against them; nothing ever runs on them.
-    """
-    import tempfile
-
-    from tests import slurm as S
-
-    absent = S.missing()
-    if absent:
-        pytest.fail(f"SLURM is not installed (missing {absent}): run scripts/setup/20-slurm.sh")
-    with (
-        tempfile.TemporaryDirectory(prefix="ck-sbatch-") as name,
-        pytest.MonkeyPatch.context() as mp,
-    ):
-        directory = Path(name)
-        for index in range(4):
-            (directory / f"gpu{index}").touch()
-        (directory / "gres.conf").write_text(f"Name=gpu File={directory}/gpu[0-3]\n")
-        gres = S.CONF.replace("NodeName={host}", "GresTypes=gpu\nNodeName={host} Gres=gpu:4")
-        mp.setattr(S, "CONF", gres)
-        cluster = S.start(directory)
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
+# `slurm`: the session's SLURM (tests/conftest.py), whose node has 4 GRES GPUs (tests/slurm.py):
+# files standing in for device nodes, which slurmctld schedules and sbatch checks requests
+# against; nothing ever runs on them.
 
 
 SBATCH_CASES = [
