@@ -129,19 +129,23 @@ class MultiNode:
         )
 
     def queue(self) -> list[str]:
-        """Every job squeue lists: 'id state nodes'."""
-        done = self.run("squeue", "-h", "-o", "%i %T %N")
+        """Every job squeue lists: 'id state nodes name'."""
+        done = self.run("squeue", "-h", "-o", "%i %T %N %j")
         return [line for line in done.stdout.splitlines() if line.strip()]
 
     def node_states(self) -> dict[str, str]:
         done = self.run("sinfo", "-h", "-N", "-o", "%N %T")
         return dict(line.split() for line in done.stdout.splitlines() if line.strip())
 
-    def wait_idle(self, nodes: tuple[str, ...] = NODES, timeout: float = 60.0) -> None:
+    def wait_idle(
+        self, nodes: tuple[str, ...] = NODES, timeout: float = 60.0, busy: bool = False
+    ) -> None:
+        """Wait for ``nodes`` to be idle (or, with ``busy``, in service, jobs or not)."""
+        ok = {"idle", "mixed", "allocated"} if busy else {"idle"}
         deadline = time.monotonic() + timeout
         while True:
             states = self.node_states()
-            if all(states.get(node) == "idle" for node in nodes):
+            if all(states.get(node) in ok for node in nodes):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nodes not idle after {timeout}s: {states}\n{self.log()}")
@@ -194,7 +198,7 @@ class MultiNode:
         """A dead node comes back: its slurmd starts again and the node returns to service."""
         self.start_slurmd(node)
         self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-        self.wait_idle((node,))
+        self.wait_idle((node,), busy=True)
 
     def log(self, name: str = "slurmctld", lines: int = 30) -> str:
         path = self.directory / "log" / f"{name}.log"

@@ -50,6 +50,14 @@ def _unique() -> str:
     return uuid.uuid4().hex[:4]
 
 
+def _connected_names(cluster: Any) -> set[str]:
+    """Names of the jobs whose workers are connected to the scheduler (a job of several
+    processes runs workers NAME-0, NAME-1, ...)."""
+    info = getattr(cluster, "scheduler_info", None) or {}
+    names = {str(worker.get("name")) for worker in info.get("workers", {}).values()}
+    return names | {name.rsplit("-", 1)[0] for name in names}
+
+
 class JobQueueBackend(Backend):
     """One batch system behind dask-jobqueue; SLURM and PBS differ by subclass."""
 
@@ -223,10 +231,13 @@ class JobQueueBackend(Backend):
             for name, job in list(getattr(cluster, "workers", {}).items())
             if getattr(job, "job_id", None)
         }
+        connected = _connected_names(cluster)
         rows = []
         for job_id in ids:
             info = known.get(job_id, JobInfo(job_id, "GONE"))
             worker = workers.get(job_id, "")
+            if worker and worker not in connected:
+                worker += ", not connected"  # not joined yet, or lost (its node died?)
             where = f"{info.nodes} (worker {worker})" if info.nodes and worker else info.nodes
             rows.append(
                 StatusRow(
