@@ -234,9 +234,9 @@ def test_train_four_ranks_over_two_nodes(nodes: M.MultiNode, tmp_path: Path) -> 
         assert f"inet {M.address(seen['host'])}/" in seen["interface_addresses"], seen
         layout = {
             **{"RANK": rank, "WORLD_SIZE": 4, "LOCAL_RANK": rank % 2, "LOCAL_WORLD_SIZE": 2},
-            **{"GROUP_RANK": rank // 2, "GROUP_WORLD_SIZE": 2},  # torchrun's for 2 x 2
+            **{"GROUP_RANK": rank // 2, "GROUP_WORLD_SIZE": 2},  # torchrun's for 2 nodes x 2
         }
-        assert {name: int(seen[name]) for name in layout} == layout, seen
+        assert {name: seen[name] for name in layout} == {k: str(v) for k, v in layout.items()}
     nothing_left(nodes)
 
 
