@@ -1,31 +1,34 @@
-"""The gang runner's own placement policy replayed with zero overhead (an event simulation).
+"""The gang runner's placement policies replayed with zero overhead (an event simulation).
 
-It separates what the policy costs (trials start in order; a smaller one jumps the line only
-when that does not delay the head, with durations estimated from finished trials of its size)
-from what launching costs: the measured makespan over this one is launch and hand-off overhead.
+It separates what a policy costs from what launching costs: the measured makespan over this
+one is launch and hand-off overhead. Two policies: ``largest first`` (the loop's
+:class:`~clusterkit.runners.hpo.gangs.GangPolicy`: the largest waiting trials first, every slot
+filled, a reservation for a trial overtaken too often) and ``in order`` (the policy before it:
+trials start in order, a smaller one jumps the line only when that does not delay the head,
+:func:`~clusterkit.runners.hpo.gangs.plan`); durations are estimated from finished trials of
+each size in both.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+POLICIES = ("largest first", "in order")
 
-def zero_overhead_makespan(trials: list[tuple[int, float]], slots: int, lookahead: int) -> float:
+
+def zero_overhead_makespan(
+    trials: list[tuple[int, float]], slots: int, lookahead: int, policy: str = POLICIES[0]
+) -> float:
     """Makespan of ``trials`` ((k, t) in order) on ``slots`` slots of one host under
-    :func:`clusterkit.runners.hpo.gangs.plan`, every launch and hand-off instant."""
+    ``policy``, every launch and hand-off instant."""
     from clusterkit.runners.ddp.placement import Slot
     from clusterkit.runners.hpo import gangs
 
     layout = [Slot(f"w{i}", "host", 0, False, 1) for i in range(slots)]
-    durations: dict[int, list[float]] = {}
+    rule = gangs.InOrderPolicy() if policy == "in order" else gangs.GangPolicy()
     running: list[tuple[float, float, int, list[Any]]] = []  # (end, start, k, slots)
     line: list[int] = []
     following, now = 0, 0.0
-
-    def estimate(size: int) -> float | None:
-        seen = sorted(durations.get(size, ()))
-        return seen[len(seen) // 2] if seen else None
-
     while True:
         started = True
         while started:  # as the loop does: refill the line and place until nothing starts
@@ -34,11 +37,8 @@ def zero_overhead_makespan(trials: list[tuple[int, float]], slots: int, lookahea
                 following += 1
             held = {slot for *_, gang in running for slot in gang}
             free = [slot for slot in layout if slot not in held]
-            gangs_now = [
-                gangs.Running(k, _end(estimate(k), start, now)) for _, start, k, _ in running
-            ]
-            waiting = [gangs.Waiting(n, trials[n][0]) for n in line]
-            chosen = gangs.plan(waiting, free, gangs_now, estimate, now)
+            gangs_now = [rule.gang(k, start, now) for _, start, k, _ in running]
+            chosen = rule.place([(n, trials[n][0]) for n in line], free, gangs_now, now)
             for number, gang in chosen:
                 line.remove(number)
                 size, seconds = trials[number]
@@ -48,8 +48,4 @@ def zero_overhead_makespan(trials: list[tuple[int, float]], slots: int, lookahea
             return now
         running.sort(key=lambda gang: gang[0])
         now, start, size, _ = running.pop(0)
-        durations.setdefault(size, []).append(now - start)
-
-
-def _end(seconds: float | None, start: float, now: float) -> float | None:
-    return None if seconds is None else max(now, start + seconds)
+        rule.finished(size, now - start)

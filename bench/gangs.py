@@ -4,7 +4,11 @@ Both sides run the same trials: sizes k in {1, 2, 4} and sleep durations t ~ U(0
 from a seeded RNG, enqueued as each trial's parameters ``k`` and ``t`` (every rank sleeps t).
 
 - **gangs**: one search, ``hpo.run(..., ranks_per_trial=lambda p: p["k"], placement="pack")``
-  on a LocalCluster of 8 single-thread workers (8 slots);
+  on a LocalCluster of 8 single-thread workers (8 slots), under the loop's placement policy
+  (``largest first``: :class:`clusterkit.runners.hpo.gangs.GangPolicy`);
+- **gangs, in order**: the same search under the policy before it (``in order``:
+  :class:`~clusterkit.runners.hpo.gangs.InOrderPolicy`, trials start in line order with EASY
+  backfilling), switched in by the bench on the same cluster;
 - **static partition**: the usual workaround, one search per fixed group of slots: a cluster of
   4 workers for the k=4 trials, one of 2 for the k=2 trials and two of 1 for the k=1 trials
   (split alternately), the four searches run at the same time (one thread each); the same 8
@@ -20,8 +24,8 @@ slots beyond t. Repetitions are interleaved, order alternating; medians are repo
 
 ``--fresh-ranks`` adds a third side: the same gang search with every trial's ranks in new
 processes (``CLUSTERKIT_DDP_REUSE=0``), as before rank processes were reused. The line under the
-table gives the gang policy's own makespan with zero overhead (``_gang_schedule``, simulated):
-what placement in order costs, apart from launching.
+table's "zero overhead" column gives each gang policy's own makespan with every launch instant
+(``_gang_schedule``, simulated): what the policy costs, apart from launching.
 
 Target (issue 25): gang makespan within 1.10x of the lower bound.
 """
@@ -41,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _gang_schedule import zero_overhead_makespan
+from _gang_schedule import POLICIES, zero_overhead_makespan
 from _side_by_side import compile_clusterkit
 from hpo import cluster_security
 
@@ -79,15 +83,24 @@ def percentile(values: list[float], q: float) -> float:
 
 STAMPS: dict[str, dict[tuple[str, int], float]] = {"launch": {}, "freed": {}}
 _STAMPS_LOCK = threading.Lock()
+POLICY = [POLICIES[0]]  # the placement policy the next gang search runs under
 
 
 def stamp_gang_loop() -> None:
     """Wrap GangLoop._launch/_ended to stamp wall-clock launch and slot-release times.
 
     Keyed by (study name, trial number) - the last launch of a trial counts."""
-    from clusterkit.runners.hpo import gang_loop
+    from clusterkit.runners.hpo import gang_loop, gangs
 
-    launch, ended = gang_loop.GangLoop._launch, gang_loop.GangLoop._ended
+    init, launch, ended = (
+        gang_loop.GangLoop.__init__,
+        gang_loop.GangLoop._launch,
+        gang_loop.GangLoop._ended,
+    )
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.policy = gangs.InOrderPolicy() if POLICY[0] == "in order" else gangs.GangPolicy()
 
     def _launch(self: Any, attempt: Any, slots: Any) -> None:
         with _STAMPS_LOCK:
@@ -99,6 +112,7 @@ def stamp_gang_loop() -> None:
             STAMPS["freed"][(self.study.study_name, attempt.number)] = time.time()
         ended(self, attempt)
 
+    gang_loop.GangLoop.__init__ = __init__  # type: ignore[method-assign]
     gang_loop.GangLoop._launch = _launch  # type: ignore[method-assign]
     gang_loop.GangLoop._ended = _ended  # type: ignore[method-assign]
 
@@ -167,18 +181,25 @@ def _set_reuse(value: str) -> None:
 
 
 def run_gangs(
-    client: Any, trials: list[tuple[int, float]], rep: int, fresh: bool = False
+    client: Any,
+    trials: list[tuple[int, float]],
+    rep: int,
+    fresh: bool = False,
+    policy: str = POLICIES[0],
 ) -> dict[str, Any]:
-    """One gang search; ``fresh``: every trial's ranks in new processes (the behaviour before
-    rank processes were reused across a search's trials), switched on the same workers."""
+    """One gang search under ``policy``; ``fresh``: every trial's ranks in new processes (the
+    behaviour before rank processes were reused across a search's trials), on the same workers."""
     client.run(_set_reuse, "0" if fresh else "1")
+    POLICY[0] = policy
+    name = f"gangs-{rep}-{'fresh' if fresh else 'reused'}-{policy.replace(' ', '-')}"
     started = time.perf_counter()
-    study = search(client, trials, f"gangs-{rep}-{'fresh' if fresh else 'reused'}", _size)
+    study = search(client, trials, name, _size)
     makespan = time.perf_counter() - started
+    POLICY[0] = POLICIES[0]
     client.run(_set_reuse, "1")
     check(study, trials)
     launch, held = overheads(study)
-    if TIMELINE and rep == 0 and not fresh:
+    if TIMELINE and rep == 0 and not fresh and policy == POLICIES[0]:
         save_timeline(study, TIMELINE[0])
     return {"makespan": makespan, "launch": launch, "held": held}
 
@@ -285,7 +306,13 @@ def main() -> None:
     parser.add_argument(
         "--fresh-ranks", action="store_true", help="also run gangs without rank process reuse"
     )
+    parser.add_argument(
+        "--simulate", action="store_true", help="only the policies with zero overhead, per seed"
+    )
     args = parser.parse_args()
+    if args.simulate:
+        simulate_only(args)
+        return
     TIMELINE[:] = [args.timeline] if args.timeline else []
 
     import optuna
@@ -307,7 +334,12 @@ def main() -> None:
             warm(client, gangs=size > 1)
 
         sides = {
-            "gangs (one search, 8 slots)": lambda t, r: run_gangs(gang_client, t, r),
+            f"gangs, {POLICIES[0]} (one search, 8 slots)": lambda t, r: run_gangs(
+                gang_client, t, r
+            ),
+            f"gangs, {POLICIES[1]} (the policy before)": lambda t, r: run_gangs(
+                gang_client, t, r, policy=POLICIES[1]
+            ),
             "static partition 4+2+1+1": lambda t, r: run_static(static_clients, t, r),
         }
         if args.fresh_ranks:
@@ -315,18 +347,18 @@ def main() -> None:
                 gang_client, t, r, fresh=True
             )
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
-        bounds, ideals, policy, work = [], [], [], []
+        bounds, ideals, work = [], [], []
         for rep in range(args.reps):
             trials = draw(args.trials, args.seed + rep)
             bound = lower_bound(trials)
             bounds.append(bound)
             ideals.append(static_ideal(trials))
-            policy.append(zero_overhead_makespan(trials, SLOTS, SLOTS) / bound)
             work.append(sum(k * t for k, t in trials))
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for name in order:
                 result = sides[name](trials, rep)
                 result["bound"], result["work"] = bound, work[-1]
+                result["simulated"] = simulated(name, trials)
                 results[name].append(result)
                 print(
                     f"rep {rep} {name}: makespan {result['makespan']:.2f}s bound {bound:.2f}s "
@@ -341,32 +373,44 @@ def main() -> None:
             except Exception as error:  # a slow nanny at teardown must not lose the results
                 print(f"warning: closing a cluster: {error!r}", flush=True)
 
+    report(args, results, bounds, ideals)
+
+
+def simulated(side: str, trials: list[tuple[int, float]]) -> float | None:
+    """The side's policy with zero overhead, in seconds; None for a side that is not gangs."""
+    policy = next((p for p in POLICIES if side.startswith(f"gangs, {p} ")), None)
+    return None if policy is None else zero_overhead_makespan(trials, SLOTS, SLOTS, policy)
+
+
+def report(args: Any, results: dict[str, Any], bounds: list[float], ideals: list[float]) -> None:
     sizes = [k for k, _ in draw(args.trials, args.seed)]
     print()
     print(
         f"{args.trials} trials (k=1: {sizes.count(1)}, k=2: {sizes.count(2)}, "
         f"k=4: {sizes.count(4)} in rep 0), t ~ U(0.5, 3) s, {SLOTS} slots, {args.reps} reps "
-        f"(medians); lower bound median {statistics.median(bounds):.2f}s; static partition "
-        f"with zero overhead (computed) median {statistics.median(ideals):.2f}s; the gang "
-        f"policy with zero overhead (simulated) median {statistics.median(policy):.3f}x the "
-        "lower bound"
+        f"(medians); static partition with zero overhead (computed) median "
+        f"{statistics.median(ideals):.2f}s"
     )
     print(
-        "| side | makespan s | makespan / lower bound | utilisation "
-        "| launch -> rank 0 start ms (median / p95) | slots held beyond t ms (median / p95) |"
+        "| side | makespan s | makespan / lower bound | zero overhead (simulated) / lower bound "
+        "| utilisation | launch -> rank 0 start ms (median / p95) "
+        "| slots held beyond t ms (median / p95) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| lower bound | {statistics.median(bounds):.2f} | 1.000 | 1.000 | 1.000 | | |")
     for name, runs in results.items():
         makespan = statistics.median(r["makespan"] for r in runs)
         ratio = statistics.median(r["makespan"] / r["bound"] for r in runs)
         util = statistics.median(r["work"] / (SLOTS * r["makespan"]) for r in runs)
         launch = [x for r in runs for x in r["launch"]]
         held = [x for r in runs for x in r["held"]]
+        sim = [r["simulated"] / r["bound"] for r in runs if r["simulated"] is not None]
         verdict = ""
         if name.startswith("gangs"):
             verdict = f" (target <= {TARGET}: {'met' if ratio <= TARGET else 'MISSED'})"
         print(
-            f"| {name} | {makespan:.2f} | {ratio:.3f}{verdict} | {util:.3f} "
+            f"| {name} | {makespan:.2f} | {ratio:.3f}{verdict} "
+            f"| {f'{statistics.median(sim):.3f}' if sim else ''} | {util:.3f} "
             f"| {1e3 * statistics.median(launch):.0f} / {1e3 * percentile(launch, 95):.0f} "
             f"| {1e3 * statistics.median(held):.0f} / {1e3 * percentile(held, 95):.0f} |"
         )
@@ -374,6 +418,22 @@ def main() -> None:
         "\nlaunch/held columns: gang trials only (static: its k=2 and k=4 searches; its k=1 "
         "searches are plain searches with no rank processes)."
     )
+
+
+def simulate_only(args: Any) -> None:
+    """``--simulate``: each policy with zero overhead over seeds, no cluster started."""
+    print(f"| seed | lower bound s | {' | '.join(f'{p} / lower bound' for p in POLICIES)} |")
+    print("|---|---|" + "---|" * len(POLICIES))
+    ratios: dict[str, list[float]] = {p: [] for p in POLICIES}
+    for rep in range(args.reps):
+        trials = draw(args.trials, args.seed + rep)
+        bound = lower_bound(trials)
+        for policy in POLICIES:
+            ratios[policy].append(zero_overhead_makespan(trials, SLOTS, SLOTS, policy) / bound)
+        row = " | ".join(f"{ratios[p][-1]:.3f}" for p in POLICIES)
+        print(f"| {args.seed + rep} | {bound:.2f} | {row} |")
+    row = " | ".join(f"{statistics.median(ratios[p]):.3f}" for p in POLICIES)
+    print(f"| median | | {row} |")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ class GangLoop(SearchLoop):
         self.line: list[int] = []  # trial numbers waiting, in order
         self.layout: list[Slot] = []
         self.live: set[str] = set()
-        self.durations: dict[int, list[float]] = {}  # seconds of finished gangs, by size
+        self.policy = gangs.GangPolicy()  # which waiting trials start; learns durations by size
         self.space: dict[str, Any] = {}  # distributions seen: sampled before a callable sizes
         self.interfaces: dict[str, dict[str, str]] = {}
         for frozen in self.study.get_trials(deepcopy=False):
@@ -115,10 +115,6 @@ class GangLoop(SearchLoop):
     def _gangs(self) -> list[GangAttempt]:
         return [a for a in self.inflight.values() if isinstance(a, GangAttempt)]
 
-    def _estimate(self, size: int) -> float | None:
-        seen = sorted(self.durations.get(size, ()))
-        return seen[len(seen) // 2] if seen else None
-
     # ------------------------------------------------------------------ dispatch
 
     def _fill(self) -> None:
@@ -162,13 +158,9 @@ class GangLoop(SearchLoop):
         held = {slot for gang in self._running() for slot in gang.slots}
         free = [s for s in self.layout if s not in held]
         now = time.monotonic()
-        running = []
-        for gang in self._running():
-            seconds = self._estimate(gang.size)
-            end = None if seconds is None else max(now, gang.launched_at + seconds)
-            running.append(gangs.Running(gang.size, end))
-        waiting = [gangs.Waiting(n, self._gang(n).size) for n in self.line]
-        chosen = gangs.plan(waiting, free, running, self._estimate, now, self.options.placement)
+        running = [self.policy.gang(g.size, g.launched_at, now) for g in self._running()]
+        line = [(n, self._gang(n).size) for n in self.line]
+        chosen = self.policy.place(line, free, running, now, self.options.placement)
         for number, slots in chosen:
             self.line.remove(number)
             self._launch(self._gang(number), slots)
@@ -291,9 +283,7 @@ class GangLoop(SearchLoop):
 
             record = cloudpickle.loads(futures[0].result())
             record["worker"] = slots[0].worker
-            self.durations.setdefault(attempt.size, []).append(
-                time.monotonic() - attempt.launched_at
-            )
+            self.policy.finished(attempt.size, time.monotonic() - attempt.launched_at)
             self._complete(attempt, record)
             self.space.update(self.storage.get_trial(attempt.trial_id).distributions)
             return
@@ -316,6 +306,7 @@ class GangLoop(SearchLoop):
         attempt.decisions.clear()
         attempt.asking.clear()
         self.line.insert(0, attempt.number)
+        self.policy.first(attempt.number)
 
     def _abandon(self) -> None:
         """On an early exit, end every gang and leave its trial for the next run to resume."""

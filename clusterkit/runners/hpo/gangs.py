@@ -1,22 +1,30 @@
 """Gang placement for multi-rank trials: which waiting trials start now, on which slots.
 
 Every slot of a trial is reserved at once, so no two trials ever hold parts of each other's
-slots. Trials start in order; a later, smaller trial fills a gap only when it does not delay the
-trial at the head of the line (EASY backfilling): it is expected to end before the head can
-start, or it uses slots the head will not need then. Expected ends come from the durations of
-finished trials of the same size; while none are known, nothing jumps the line.
+slots. :class:`GangPolicy` (the loop's policy) starts the largest waiting trials first and fills
+every slot it can with smaller ones, with no slot held idle for a guess. A trial that
+``patience`` later trials have overtaken becomes the head of the line: from then on a trial
+behind it starts only when that does not delay it by the estimates (EASY backfilling, as
+:func:`plan` does for the in-order policy): it is expected to end before the head can start, or
+it uses slots the head will not need then. No start may make a waiting trial overtaken more than
+``2 * patience`` times, so no trial, of any size, waits behind more than ``2 * patience`` later
+ones (see :func:`pick`). Estimates are the median durations of finished trials of each size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clusterkit.errors import BadInput
 from clusterkit.runners.ddp.placement import Slot
 
 PLACEMENTS = ("pack", "spread")
+
+#: Later trials that may start ahead of a waiting one before it gets a reservation; twice as
+#: many is the most that ever do.
+PATIENCE = 8
 
 RanksPerTrial = int | Callable[[dict[str, Any]], int]
 
@@ -55,10 +63,12 @@ def options(
 
 @dataclass(frozen=True)
 class Waiting:
-    """A trial in line: its number and how many slots it needs."""
+    """A trial in line: its number, how many slots it needs, and how many trials that came
+    after it in line have started while it waited."""
 
     number: int
     size: int
+    overtaken: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,3 +155,125 @@ def plan(
             take(item, slots)
             spare -= 0 if ends_first else item.size
     return starts
+
+
+def pick(
+    waiting: Sequence[Waiting],
+    free: Sequence[Slot],
+    running: Sequence[Running],
+    estimate: Callable[[int], float | None],
+    now: float,
+    placement: str = "pack",
+    patience: int = PATIENCE,
+) -> list[tuple[int, list[Slot]]]:
+    """The trials to start now (``waiting`` in line order, oldest first) and their slots.
+
+    While no trial is due (overtaken ``patience`` times), the largest trial that fits starts,
+    then the next. The oldest due trial is the head: it starts when it fits, else only trials
+    that do not delay it by the estimates are backfilled (:func:`plan`). No start makes a trial
+    ahead of it in line overtaken more than ``2 * patience`` times.
+    """
+    free, running = list(free), list(running)
+    position = {item.number: i for i, item in enumerate(waiting)}
+    count = {item.number: item.overtaken for item in waiting}
+    sizes = {item.number: item.size for item in waiting}
+    starts: list[tuple[int, list[Slot]]] = []
+
+    def allowed(number: int) -> bool:
+        return all(count[n] < 2 * patience for n in count if position[n] < position[number])
+
+    def take(number: int, slots: list[Slot]) -> None:
+        starts.append((number, slots))
+        free[:] = [s for s in free if s not in slots]
+        seconds = estimate(sizes[number])
+        running.append(Running(sizes[number], None if seconds is None else now + seconds))
+        del count[number]
+        for other in count:
+            count[other] += position[other] < position[number]
+
+    while count:
+        due = [n for n in sorted(count, key=position.__getitem__) if count[n] >= patience]
+        line = sorted(count, key=lambda n: (-sizes[n], position[n]))
+        if due:
+            line = [due[0]] + [n for n in line if n != due[0]]
+            if (slots := choose(free, sizes[due[0]], placement)) is not None:
+                take(due[0], slots)
+                continue
+            backfill = plan(
+                [Waiting(n, sizes[n]) for n in line], free, running, estimate, now, placement
+            )
+            for number, slots in backfill:  # a start past the cap is left for later
+                if allowed(number) and set(slots) <= set(free):
+                    take(number, slots)
+            return starts
+        fitting = [(n, s) for n in line if (s := choose(free, sizes[n], placement)) is not None]
+        fitting = [(n, s) for n, s in fitting if allowed(n)]
+        if not fitting:
+            return starts
+        take(*fitting[0])
+    return starts
+
+
+@dataclass
+class GangPolicy:
+    """The gang loop's placement policy, with what it learns as the search goes: each size's
+    durations (for estimates) and how often each waiting trial has been overtaken."""
+
+    patience: int = PATIENCE
+    durations: dict[int, list[float]] = field(default_factory=dict)
+    overtaken: dict[int, int] = field(default_factory=dict)
+
+    def finished(self, size: int, seconds: float) -> None:
+        """A gang of ``size`` ranks held its slots for ``seconds``."""
+        self.durations.setdefault(size, []).append(seconds)
+
+    def estimate(self, size: int) -> float | None:
+        """The median duration of finished gangs of ``size``; None while none finished."""
+        seen = sorted(self.durations.get(size, ()))
+        return seen[len(seen) // 2] if seen else None
+
+    def first(self, number: int) -> None:
+        """Trial ``number`` (a retry) is due: it heads the line until it starts."""
+        self.overtaken[number] = max(self.overtaken.get(number, 0), self.patience)
+
+    def gang(self, size: int, started: float, now: float) -> Running:
+        """A running gang of ``size`` started at ``started``, with its expected end."""
+        seconds = self.estimate(size)
+        return Running(size, None if seconds is None else max(now, started + seconds))
+
+    def place(
+        self,
+        line: Sequence[tuple[int, int]],
+        free: Sequence[Slot],
+        running: Sequence[Running],
+        now: float,
+        placement: str = "pack",
+    ) -> list[tuple[int, list[Slot]]]:
+        """The trials of ``line`` ((number, size), oldest first) to start now, and their slots;
+        the trials left waiting count every later trial that started."""
+        waiting = [Waiting(n, size, self.overtaken.get(n, 0)) for n, size in line]
+        starts = pick(waiting, free, running, self.estimate, now, placement, self.patience)
+        begun = {number for number, _ in starts}
+        order = {item.number: i for i, item in enumerate(waiting)}
+        self.overtaken = {
+            item.number: item.overtaken + sum(order[n] > order[item.number] for n in begun)
+            for item in waiting
+            if item.number not in begun
+        }
+        return starts
+
+
+class InOrderPolicy(GangPolicy):
+    """The policy before :class:`GangPolicy`, kept to compare with: trials start in line order,
+    a later one only when it does not delay the head by the estimates (:func:`plan`)."""
+
+    def place(
+        self,
+        line: Sequence[tuple[int, int]],
+        free: Sequence[Slot],
+        running: Sequence[Running],
+        now: float,
+        placement: str = "pack",
+    ) -> list[tuple[int, list[Slot]]]:
+        waiting = [Waiting(n, size) for n, size in line]
+        return plan(waiting, free, running, self.estimate, now, placement)
