@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import atexit
 import gc
+import signal
+import threading
 from typing import Any
 
 
@@ -20,6 +22,10 @@ def dask_setup(worker: Any) -> None:
     """distributed calls this as the worker starts, once every preload is imported: the hook
     runs after every exit hook registered later (the profile's preloads', the tasks')."""
     atexit.register(_freeze_after_a_clean_close, worker)
+    # The terminal's Ctrl-C reaches an embedded cluster's workers too (one process group):
+    # the process that owns the cluster stops and closes them, not a KeyboardInterrupt each.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _freeze_after_a_clean_close(worker: Any) -> None:
