@@ -504,3 +504,50 @@ def test_nccl_all_reduce_on_gpus() -> None:
     assert {r["backend"] for r in results} == {"nccl"}
     assert all(r["device"].startswith("cuda") for r in results)
     assert all(r["sum"] == n * (n + 1) / 2 for r in results)
+
+
+# ---------------------------------------------------------------- rank output
+
+
+def printing_fn(ctx) -> int:
+    import sys
+    import warnings
+
+    print(f"hello from {ctx.rank}", end="")  # the newline in a second write
+    print()
+    print(f"to stderr from {ctx.rank}", file=sys.stderr)
+    warnings.warn(f"rank {ctx.rank} warns", stacklevel=1)
+    return ctx.rank
+
+
+def test_rank_output_reaches_the_driver_prefixed(client, capsys) -> None:
+    assert ddp.run(printing_fn, client=client, workdir=None) == [0, 1]
+    captured = capsys.readouterr()
+    for rank in (0, 1):
+        assert f"[rank{rank}]: hello from {rank}\n" in captured.out
+        assert f"[rank{rank}]: to stderr from {rank}\n" in captured.err
+        assert re.search(rf"^\[rank{rank}\]: .*UserWarning: rank {rank} warns$", captured.err, re.M)
+    assert "raised in" not in captured.err  # each rank's warning, as it happened
+
+
+def test_failed_rank_is_one_line_on_the_driver(client, capfd) -> None:
+    with pytest.raises(ddp.TrainingFailed, match="rank 1 failed: ValueError: rank one is broken"):
+        ddp.run(failing_fn, client=client, workdir=None)
+    err = capfd.readouterr().err  # the workers' own stderr too
+    assert "[rank1]: failed: ValueError: rank one is broken\n" in err
+    assert "Traceback" not in err and "Compute Failed" not in err
+
+
+def test_torchrun_group_and_role_variables_over_two_hosts() -> None:
+    from clusterkit.runners.ddp.placement import Slot, rank_specs
+
+    slots = [Slot(f"tcp://{host}:1{i}", host, i, False, 1) for host in ("a", "b") for i in (0, 1)]
+    specs = rank_specs("run", 1, slots, "gloo", b"", max_restarts=3)
+    env = [spec["env"] for spec in specs]
+    assert [e["GROUP_RANK"] for e in env] == ["0", "0", "1", "1"]  # torchrun's node rank
+    assert {e["GROUP_WORLD_SIZE"] for e in env} == {"2"}  # nodes
+    assert [e["ROLE_RANK"] for e in env] == ["0", "1", "2", "3"]  # one role: the global rank
+    assert {e["ROLE_WORLD_SIZE"] for e in env} == {"4"}
+    assert {e["ROLE_NAME"] for e in env} == {"default"}  # torchrun's --role default
+    assert {e["TORCHELASTIC_MAX_RESTARTS"] for e in env} == {"3"}
+    assert {e["TORCHELASTIC_RESTART_COUNT"] for e in env} == {"1"}

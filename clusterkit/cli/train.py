@@ -70,6 +70,9 @@ def train(
     checkpoint_dir: str = typer.Option(
         None, "--checkpoint-dir", help="fsspec URL or path for checkpoints (s3://..., /shared)."
     ),
+    tracebacks: bool = typer.Option(
+        False, "--tracebacks", help="Print each failed rank's traceback (detached: always)."
+    ),
     detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
     driver_restarts: int = typer.Option(3, "--driver-restarts", help="Detached: restarts."),
     batch: bool = typer.Option(
@@ -80,6 +83,8 @@ def train(
 
     Arguments after `--` go to the script as sys.argv[1:] (or to FUNC as strings).
     Ranks run in the project directory (in place on a shared disk, else a synced copy).
+    Each rank's stdout and stderr show here as they are written, a line at a time: [rank1]: ...
+    A failed rank is one line; --tracebacks adds its traceback.
     The status line shows rank 0's latest progress: its checkpoints' epoch, or what it reports.
     """
     from clusterkit.runners.ddp.script import load_target
@@ -99,13 +104,17 @@ def _attached(
     """The training, driven from this process; rank 0's progress on the status line."""
     from clusterkit import console
     from clusterkit.client import get_client
+    from clusterkit.runners.ddp import TrainingFailed
+    from clusterkit.runners.ddp.output import Printer
     from clusterkit.runners.ddp.progress import ProgressDisplay, describe
     from clusterkit.runners.ddp.script import run_file
 
+    printer = Printer(params["tracebacks"] or None)  # None: as CLUSTERKIT_DEBUG says
     client = get_client(model)
     try:
         on = model if isinstance(model, str) else model.name
         with ProgressDisplay(f"training {loaded.path.name} on '{on}'") as display:
+            printer.sink = display.write
             results = run_file(
                 loaded,
                 script_args,
@@ -116,9 +125,19 @@ def _attached(
                 workdir=project,
                 checkpoint_dir=params["checkpoint_dir"],
                 on_progress=display.update,
+                stream_output=printer,
             )
+    except TrainingFailed as error:
+        if error.traceback and not printer.tracebacks:
+            error.hint = "--tracebacks or CLUSTERKIT_DEBUG=1 prints the traceback"
+        raise
+    except KeyboardInterrupt:  # the ranks are stopped by now (the driver's unwinding)
+        results = None
     finally:
         client.close()
+    if results is None:
+        typer.echo(f"interrupted: training {loaded.path.name} stopped", err=True)
+        raise typer.Exit(130)
     if all(value is None for value in results):  # a torchrun-style script returns nothing
         last = f" ({describe(display.latest)})" if display.latest else ""
         console.message(f"trained {loaded.path.name}: {len(results)} ranks finished{last}")
@@ -150,7 +169,7 @@ def _detach(loaded: Any, script_args: list[str], params: dict[str, Any]) -> str:
         checkpoints = absolute(checkpoints)
     target = absolute(str(loaded.path)) + (f":{loaded.function}" if loaded.function else "")
     argv = [target, "--max-restarts", str(params["max_restarts"])]
-    argv += ["--checkpoint-dir", checkpoints]
+    argv += ["--checkpoint-dir", checkpoints, "--tracebacks"]  # the run's log has them whole
     if profile is not None:
         profile = absolute(profile) if profile.endswith((".yaml", ".yml")) else profile
         argv += ["--profile", profile]

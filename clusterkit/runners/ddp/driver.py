@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.errors import BadInput, ClusterkitError, fit
 from clusterkit.runners.ddp import group
 from clusterkit.runners.ddp.placement import (
     Slot,
@@ -32,6 +32,7 @@ from clusterkit.runners.ddp.placement import (
 if TYPE_CHECKING:
     from distributed import Client
 
+    from clusterkit.runners.ddp.output import Printer
     from clusterkit.runners.ddp.progress import Progress
     from clusterkit.runners.workdir import Project
 
@@ -50,11 +51,7 @@ class TrainingFailed(ClusterkitError):
         self.attempts = attempts
         where = f"rank {rank}" if rank is not None else "training"
         tries = f" (after {attempts} attempts)" if attempts > 1 else ""
-        super().__init__(f"{where} failed{tries}: {message}")
-
-    def details(self) -> str:
-        tail = "\n".join(f"  | {line}" for line in self.traceback.rstrip().splitlines())
-        return f"{self.one_line()}\n{tail}" if tail else self.one_line()
+        super().__init__(fit(f"{where} failed{tries}: {message}", 1000))
 
 
 def prepare(client: Client) -> None:
@@ -113,6 +110,7 @@ class RunOptions:
     project: Project | None = None
     checkpoint_dir: str | None = None
     on_progress: Callable[[Progress], None] | None = None
+    printer: Printer | None = None  # the ranks' lines on this process's stdout and stderr
 
 
 def run(
@@ -126,6 +124,7 @@ def run(
     workdir: str | os.PathLike[str] | Project | None = "auto",
     checkpoint_dir: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    stream_output: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``train_fn(ctx, *args, **kwargs)`` on every rank of a DDP group; results by rank.
@@ -134,9 +133,8 @@ def run(
     ----------
     train_fn
         Called in each rank's process after ``init_process_group``; ``ctx`` gives ``rank``,
-        ``world_size``, ``local_rank``, ``local_world_size``, ``device``,
-        ``save_checkpoint(state)``, ``load_checkpoint()`` and ``report(epoch=, **metrics)``;
-        torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) are set too.
+        ``world_size``, ``local_rank``, ``local_world_size``, ``device``, ``save_checkpoint``,
+        ``load_checkpoint`` and ``report(epoch=, **metrics)``; torchrun's variables are set.
     client
         Any ``distributed.Client``; default ``clusterkit.get_client()``.
     world_size
@@ -144,8 +142,7 @@ def run(
     backend
         ``"auto"`` (``nccl`` when every rank has a GPU, else ``gloo``), or a torch backend.
     max_restarts, timeout
-        Times a failed group is restarted, resuming from the last checkpoint; seconds for
-        the whole run (all attempts), None: as long as training runs.
+        Restarts of a failed group (from the last checkpoint); seconds for all attempts.
     workdir
         The project directory ranks run in (working directory, first on ``sys.path``): in
         place where a worker sees it at the same path, else a synced copy. ``"auto"``: the
@@ -154,24 +151,26 @@ def run(
         fsspec URL or path (``s3://bucket/run``, a shared directory) for ``ctx``'s checkpoints;
         a later run resumes from them. Without it they pass through the scheduler (<= 64 MiB).
     on_progress
-        Called with each progress report of rank 0, a dict such as ``{"epoch": 3, "loss":
-        0.41}`` (``ctx.report``; each checkpoint reports its state's ``epoch``/``step``, else
-        ``{"checkpoints": n}``), in order, on the client's event-loop thread: keep it quick.
+        Called with each of rank 0's reports (``ctx.report``, a checkpoint's ``epoch``/``step``)
+        as a dict, in order, on the client's event-loop thread: keep it quick.
+    stream_output
+        The ranks' lines on this process's stdout/stderr, ``[rank1]: ...``, as torchrun tees
+        them (default); False: in the workers' logs, each warning shown once at the end.
 
     Raises
     ------
     BadInput
         ``world_size`` below 1, a negative ``max_restarts``, a workdir over its size cap.
     TrainingFailed
-        A rank raised or its worker died and no restart is left: carries ``rank`` and
-        ``traceback``.
+        A rank raised or its worker died, no restart left: carries ``rank``, ``traceback``.
     ClusterkitError
         Not enough workers arrived within the wait (``CLUSTERKIT_DDP_WORKER_WAIT``, 60 s).
     """
     from clusterkit.runners import workdir as project_dir
+    from clusterkit.runners.ddp.output import printer_for
 
-    project = project_dir.resolve(workdir, train_fn)
-    options = RunOptions(world_size, backend, max_restarts, timeout, project=project)
+    project, echo = project_dir.resolve(workdir, train_fn), printer_for(stream_output)
+    options = RunOptions(world_size, backend, max_restarts, timeout, project=project, printer=echo)
     options = dataclasses.replace(options, checkpoint_dir=checkpoint_dir, on_progress=on_progress)
     return run_group(train_fn, args, kwargs, client, options)
 
@@ -202,19 +201,25 @@ def run_group(
         from clusterkit.runners.workdir import ship
 
         ship(client, options.project)
+    from clusterkit.runners.ddp import output
     from clusterkit.runners.ddp.progress import subscribed
     from clusterkit.runners.workdir.once import Collector
 
     payload = cloudpickle.dumps((train_fn, args, kwargs))
     run_id = f"clusterkit-ddp-{uuid.uuid4().hex[:12]}"
     attempts = [0]
-    raised = Collector(client, f"{run_id}-warnings")
+    # streamed: warnings are lines of the ranks' stderr; else shown once each, counted
+    raised = None if options.printer else Collector(client, f"{run_id}-warnings")
     try:
-        with subscribed(client, f"{run_id}-progress", options.on_progress):
+        with (
+            subscribed(client, f"{run_id}-progress", options.on_progress),
+            output.subscribed(client, f"{run_id}-output", options.printer),
+        ):
             results = _attempts(client, run_id, payload, options, attempts)
     finally:
         cleanup(client, run_id, attempts[0] + 1)
-        raised.summary("ranks")
+        if raised is not None:
+            raised.summary("ranks")
     return [cloudpickle.loads(r) for r in results]
 
 
@@ -286,18 +291,21 @@ def _attempt(launch: _Launch) -> list[bytes]:
 def _launch(launch: _Launch) -> list[bytes]:
     client, slots, options = launch.client, launch.slots, launch.options
     interfaces = interface_env(client, slots)
+    streamed = options.printer is not None
     specs = rank_specs(
         launch.run_id,
         launch.attempt,
         slots,
         torch_backend(options.backend, slots),
         launch.payload,
+        max_restarts=options.max_restarts,
         checkpoint=launch.checkpoint,
         init_group=options.init_group,
         rendezvous_timeout=120.0,
         project=options.project,
         checkpoint_dir=options.checkpoint_dir,
-        warnings_topic=f"{launch.run_id}-warnings",
+        warnings_topic=None if streamed else f"{launch.run_id}-warnings",
+        output_topic=f"{launch.run_id}-output" if streamed else None,
         progress_topic=f"{launch.run_id}-progress" if options.on_progress else None,
     )
     futures = group.submit_ranks(client, specs, slots, interfaces)

@@ -89,7 +89,8 @@ def stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) -> 
             log.warning("abort of %s failed: %s", key, error)
     running = [f for f, s in zip(futures, slots, strict=True) if s.worker in alive]
     try:
-        wait(running, timeout=15)
+        with client.as_current():  # wait() asks for the default client; ours may not be it
+            wait(running, timeout=15)
     except TimeoutError:
         log.warning("ranks of %s still running 15s after abort", key)
     return alive

@@ -94,10 +94,21 @@ def torch_backend(backend: str, slots: list[Slot]) -> str:
 
 
 def rank_specs(
-    run_id: str, attempt: int, slots: list[Slot], backend: str, payload: bytes, **extra: Any
+    run_id: str,
+    attempt: int,
+    slots: list[Slot],
+    backend: str,
+    payload: bytes,
+    *,
+    max_restarts: int = 0,
+    **extra: Any,
 ) -> list[dict[str, Any]]:
+    """One spec per slot, with torchrun's environment: each host is one of torchrun's nodes
+    (its agent's group: ``GROUP_RANK`` in host order), every rank has the one role
+    ``default`` (``ROLE_RANK`` = ``RANK``), restarts as ``--max-restarts``."""
     key = f"{run_id}-a{attempt}"
     master = slots[0].host
+    hosts = list(dict.fromkeys(s.host for s in slots))  # in rank order, as nodes are ranked
     specs = []
     for rank, slot in enumerate(slots):
         local = [s for s in slots if s.host == slot.host]
@@ -106,10 +117,15 @@ def rank_specs(
             "WORLD_SIZE": str(len(slots)),
             "LOCAL_RANK": str(local.index(slot)),
             "LOCAL_WORLD_SIZE": str(len(local)),
-            "GROUP_RANK": "0",
+            "GROUP_RANK": str(hosts.index(slot.host)),
+            "GROUP_WORLD_SIZE": str(len(hosts)),
+            "ROLE_NAME": "default",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(len(slots)),
             "MASTER_ADDR": master,
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": run_id,
         }
         specs.append(

@@ -46,6 +46,9 @@ class RankProcess:
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
+            # away from the terminal's Ctrl-C: the driver stops the ranks (and a rank whose
+            # worker is gone ends itself), not a KeyboardInterrupt in each rank
+            start_new_session=True,
         )
         theirs.close()
         self.conn = Connection(ours.detach())

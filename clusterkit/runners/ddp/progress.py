@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -114,6 +115,21 @@ class ProgressDisplay:
     def update(self, progress: Progress) -> None:
         self.latest = progress
         self.status.update(f"{self.label}: {describe(progress)}")
+
+    def write(self, stream: str, text: str) -> None:
+        """The ranks' lines (``text``: whole lines) for this process's ``stream``, above the
+        status line on a terminal, as they are: rich neither wraps nor reads markup in them.
+        Redirected elsewhere, they go to that file untouched."""
+        target = sys.stdout if stream == "stdout" else sys.stderr
+        console = self.status.console
+        if console.is_terminal and (stream == "stderr" or target.isatty()):
+            from rich.text import Text
+
+            console.print(Text.from_ansi(text.removesuffix("\n")), soft_wrap=True)
+            return
+        raw = getattr(target, "rich_proxied_file", target)  # not through rich's redirection
+        raw.write(text)
+        raw.flush()
 
     def close(self) -> None:
         self.status.stop()

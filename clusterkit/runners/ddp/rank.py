@@ -10,6 +10,7 @@ Dask worker) goes away, so nothing outlives the worker.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -19,7 +20,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from clusterkit.runners.ddp import progress
+from clusterkit.runners.ddp import output, progress
 from clusterkit.runners.ddp.progress import Progress
 
 CHECKPOINT_DIR_ENV = "CLUSTERKIT_CHECKPOINT_DIR"  # set in ranks when checkpoint_dir is given
@@ -252,6 +253,8 @@ def _execute(spec: dict[str, Any], conn: Connection) -> Any:
                 device_id=device if device.type == "cuda" else None,
             )
         conn.send(("started", time.time()))
+        if not spec.get("warnings_topic"):  # shown as they happen, on the rank's stderr
+            return train_fn(ctx, *args, **kwargs)
         with recorded() as raised:
             try:
                 return train_fn(ctx, *args, **kwargs)
@@ -293,6 +296,7 @@ def _serve_one(spec: dict[str, Any], conn: Connection) -> bool:
     try:
         value = _execute(spec, conn)
     except BaseException as error:  # report everything, including SystemExit from scripts
+        _flush()  # what it printed reaches the driver before its error
         if isinstance(error, SystemExit) and error.code in (None, 0):
             conn.send(("result", cloudpickle.dumps(None)))
             return False  # a script that exits expects its process to end
@@ -308,8 +312,15 @@ def _serve_one(spec: dict[str, Any], conn: Connection) -> bool:
             )
         )
         return False
+    _flush()
     conn.send(("result", cloudpickle.dumps(value)))
     return True
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the user's code closed or broke it
+            stream.flush()
 
 
 #: What a spare imports beyond torch before it says ``ready``: DistributedDataParallel's first
@@ -344,11 +355,14 @@ def main(fd: int, preload: bool = False) -> None:
     while True:
         try:
             spec = conn.recv()
+            restore = output.redirect(conn) if spec.get("output_topic") else None
         except (EOFError, OSError):
             break
         if not (_serve_one(spec, conn) and spec.get("reuse")):
             break
         teardown.release()
+        if restore is not None:
+            restore()
         baseline.restore()
         try:
             conn.send(("ready", torch.__version__))

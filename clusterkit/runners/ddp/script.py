@@ -25,6 +25,7 @@ from clusterkit.errors import BadInput
 if TYPE_CHECKING:
     from distributed import Client
 
+    from clusterkit.runners.ddp.output import Printer
     from clusterkit.runners.ddp.progress import Progress
     from clusterkit.runners.workdir import Project
 
@@ -118,16 +119,19 @@ def run_file(
     workdir: str | os.PathLike[str] | Project | None = "auto",
     checkpoint_dir: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    stream_output: bool | Printer = True,
 ) -> list[Any]:
     """Run ``FILE.py`` (its ``__main__``, torchrun-style) or ``FILE.py:FUNC`` on every rank.
 
     A script brings its own ``init_process_group("env://")``; a function is called as
     ``FUNC(ctx, *argv)`` inside a group the runner set up, like :func:`ddp.run`'s ``train_fn``.
     ``workdir``: the project the script runs in (``"auto"``: the script's directory); None
-    ships the file alone into a temporary directory. ``on_progress``: as :func:`ddp.run`'s
-    (a script reports with ``from clusterkit.runners.ddp import report``).
+    ships the file alone into a temporary directory. ``on_progress``, ``stream_output``: as
+    :func:`ddp.run`'s (a script reports with ``from clusterkit.runners.ddp import report``);
+    ``stream_output`` may also be the :class:`~.output.Printer` that shows the lines.
     """
     from clusterkit.runners.ddp.driver import RunOptions, run_group
+    from clusterkit.runners.ddp.output import printer_for
 
     loaded = load_target(target) if isinstance(target, str) else target
     project = project_for(loaded, workdir)
@@ -151,6 +155,7 @@ def run_file(
         project=project,
         checkpoint_dir=checkpoint_dir,
         on_progress=on_progress,
+        printer=printer_for(stream_output),
     )
     return run_group(fn, fn_args, {}, client, options)
 

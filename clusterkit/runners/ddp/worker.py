@@ -15,8 +15,10 @@ import threading
 import time
 from typing import Any
 
-from clusterkit.runners.ddp import pool
+from clusterkit.runners.ddp import output, pool
 from clusterkit.runners.ddp.pool import RankProcess
+
+ABORTED = "stopped because another rank failed"
 
 _lock = threading.Lock()
 _running: dict[str, list[subprocess.Popen[bytes]]] = {}
@@ -145,7 +147,7 @@ def _relay(key: str, rank: int, queues: dict[str, Any], message: list[Any]) -> A
     get_worker().log_event(topic, event)
     while reply is not None:
         if key in _aborted:
-            raise RankError(rank, "Aborted", "stopped because another rank failed", "", time.time())
+            raise RankError(rank, "Aborted", ABORTED, "", time.time())
         try:
             return queues[reply].get(timeout=5.0)
         except TimeoutError:
@@ -155,14 +157,31 @@ def _relay(key: str, rank: int, queues: dict[str, Any], message: list[Any]) -> A
 
 def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
     queues: dict[str, Any] = {}
+    topic = spec.get("output_topic")
+    lines = output.Forwarder(topic, spec["rank"]) if topic else None
     try:
-        return _serve_rank(spec, child, queues)
+        return _serve_rank(spec, child, queues, lines)
+    except RankError as error:
+        if lines is not None:  # what the rank wrote before it failed comes first
+            lines.drain(timeout=1.0)
+        if spec["key"] in _aborted:  # killed by the abort: the cause is another rank's
+            raise RankError(spec["rank"], "Aborted", ABORTED, "", error.time) from None
+        if topic and error.kind != "Aborted":
+            output.failed(topic, error.rank, error.kind, error.message, error.traceback)
+        raise
     finally:
+        if lines is not None:
+            lines.close()
         for queue in queues.values():
             queue.close()
 
 
-def _serve_rank(spec: dict[str, Any], child: RankProcess, queues: dict[str, Any]) -> Any:
+def _serve_rank(
+    spec: dict[str, Any],
+    child: RankProcess,
+    queues: dict[str, Any],
+    lines: output.Forwarder | None,
+) -> Any:
     key, rank = spec["key"], spec["rank"]
     proc, conn = child.proc, child.conn
     ready = child.ready
@@ -170,14 +189,16 @@ def _serve_rank(spec: dict[str, Any], child: RankProcess, queues: dict[str, Any]
     relay = _ProgressRelay(spec.get("progress_topic"))
     while True:
         if key in _aborted:
-            raise RankError(rank, "Aborted", "stopped because another rank failed", "", time.time())
+            raise RankError(rank, "Aborted", ABORTED, "", time.time())
         if not sent and (ready or rank == 0):
             if rank != 0:
                 port = _publish_port(key, None, spec["rendezvous_timeout"])
                 spec["env"]["MASTER_PORT"] = str(port)
             conn.send(spec)
+            if lines is not None:
+                lines.hand_over(conn)
             sent = True
-        if not conn.poll(0.2):
+        if not _wait(conn, lines):
             relay.flush()
             if proc.poll() is not None and not conn.poll(0):
                 raise RankError(rank, "ProcessExit", _exit_text(proc.returncode), "", time.time())
@@ -199,7 +220,7 @@ def _serve_rank(spec: dict[str, Any], child: RankProcess, queues: dict[str, Any]
             continue
         elif kind == "progress":
             relay.put(rest[0])
-        elif kind == "warnings":
+        elif kind == "warnings" and spec.get("warnings_topic"):
             from clusterkit.runners.workdir.once import send
 
             send(spec["warnings_topic"], rest[0])
@@ -209,10 +230,26 @@ def _serve_rank(spec: dict[str, Any], child: RankProcess, queues: dict[str, Any]
                 conn.send(("reply", answer))
         elif kind == "result":
             relay.flush()
+            if lines is not None:
+                lines.drain(timeout=1.0)
             return rest[0]
         elif kind == "error":
             info = rest[0]
             raise RankError(rank, info["type"], info["message"], info["traceback"], info["time"])
+
+
+def _wait(conn: Any, lines: output.Forwarder | None) -> bool:
+    """Up to 0.2 s for a message from the rank, reading its output meanwhile; True when one
+    is there."""
+    if lines is None:
+        return bool(conn.poll(0.2))
+    from multiprocessing.connection import wait
+
+    for ready in wait([conn, *lines.fds()], timeout=0.2):
+        if ready is not conn:
+            lines.read(ready)  # type: ignore[arg-type]
+    lines.tick()
+    return bool(conn.poll(0))
 
 
 def _exit_text(code: int | None) -> str:
@@ -241,6 +278,8 @@ def rank_task(spec: dict[str, Any]) -> bytes:
     from distributed import get_worker, secede
 
     worker = get_worker()
+    task = worker.get_current_task()
+    output.quiet(task)  # a failure is the rank's own line on the driver, not distributed's
     secede()
     key = spec["key"]
     _set_profiler(worker, pause=True)
@@ -253,6 +292,7 @@ def rank_task(spec: dict[str, Any]) -> bytes:
         spec["workdir"] = _project_directory(spec.pop("project", None))
         result = _serve(spec, child)
         kept = key not in _aborted and pool.keep_warm(spec, child, pool.threads_of(worker))
+        output.unquiet(task)  # it ended well: nothing more to silence
         return result
     finally:
         if not kept:
