@@ -63,8 +63,11 @@ def test_a_retried_trial_heads_the_line() -> None:
     line = [(5, 1), (6, 4)]
     assert _numbers(gangs.GangPolicy().place(line, _slots(4), [], now=0.0)) == [6]
     policy = gangs.GangPolicy()
+    assert policy.head(line) == 4  # the live line's "next in line: k=4"
     policy.first(5)
+    assert policy.head(line) == 1
     assert _numbers(policy.place(line, _slots(4), [], now=0.0)) == [5]
+    assert policy.head([]) is None
 
 
 def test_a_large_gang_starts_under_a_stream_of_one_rank_trials() -> None:

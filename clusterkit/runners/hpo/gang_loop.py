@@ -371,7 +371,7 @@ class GangLoop(SearchLoop):
     def _show(self) -> None:
         if self.display is not None:
             sizes = [len(a.slots) for a in self._running()]
-            head = self._gang(self.line[0]).size if self.line else None
+            head = self.policy.head([(n, self._gang(n).size) for n in self.line])
             self.display.update_gangs(self.study, self.n_trials, sizes, len(self.layout), head)
 
     def _watchdog(self) -> None:

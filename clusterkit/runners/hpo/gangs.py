@@ -236,6 +236,12 @@ class GangPolicy:
         """Trial ``number`` (a retry) is due: it heads the line until it starts."""
         self.overtaken[number] = max(self.overtaken.get(number, 0), self.patience)
 
+    def head(self, line: Sequence[tuple[int, int]]) -> int | None:
+        """The size of the trial of ``line`` that starts first when slots free: the oldest due
+        one, else the largest (the oldest of them); None for an empty line."""
+        due = [size for n, size in line if self.overtaken.get(n, 0) >= self.patience]
+        return due[0] if due else max((size for _, size in line), default=None)
+
     def gang(self, size: int, started: float, now: float) -> Running:
         """A running gang of ``size`` started at ``started``, with its expected end."""
         seconds = self.estimate(size)
