@@ -551,3 +551,34 @@ def test_torchrun_group_and_role_variables_over_two_hosts() -> None:
     assert {e["ROLE_NAME"] for e in env} == {"default"}  # torchrun's --role default
     assert {e["TORCHELASTIC_MAX_RESTARTS"] for e in env} == {"3"}
     assert {e["TORCHELASTIC_RESTART_COUNT"] for e in env} == {"1"}
+
+
+LAZY_TRAIN = """
+import optuna
+
+
+def train(ctx):
+    # Optuna's examples name optuna.integration (a lazy ModuleType subclass) in their code
+    return type(optuna.integration).__name__ if ctx.rank == 0 else None
+"""
+
+
+def test_a_train_function_naming_a_lazy_module_ships(client, tmp_path: Path) -> None:
+    """The train function goes by value with modules of any type by reference (as hpo's
+    objective does); cloudpickle alone raised 'cannot pickle _IntegrationModule'."""
+    import importlib
+    import sys
+
+    import cloudpickle
+
+    (tmp_path / "lazy_train.py").write_text(LAZY_TRAIN)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("lazy_train")
+        cloudpickle.register_pickle_by_value(module)  # as a user's file is shipped
+        results = ddp.run(module.train, client=client, world_size=2, workdir=None)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        sys.modules.pop("lazy_train", None)
+        sys.path.remove(str(tmp_path))
+    assert results == ["_IntegrationModule", None]

@@ -203,9 +203,10 @@ def run_group(
         ship(client, options.project)
     from clusterkit.runners.ddp import output
     from clusterkit.runners.ddp.progress import subscribed
+    from clusterkit.runners.workdir import pickling
     from clusterkit.runners.workdir.once import Collector
 
-    payload = cloudpickle.dumps((train_fn, args, kwargs))
+    payload = pickling.dumps((train_fn, args, kwargs))
     run_id = f"clusterkit-ddp-{uuid.uuid4().hex[:12]}"
     attempts = [0]
     # streamed: warnings are lines of the ranks' stderr; else shown once each, counted
