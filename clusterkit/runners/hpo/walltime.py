@@ -50,9 +50,9 @@ def place(left: Mapping[str, float | None], busy: Collection[str], need: float |
     (None: unknown, no constraint).
 
     A worker fits when it has no end, or ``need`` left after its running trial (counted as
-    ``need`` more). The trial is restricted to the workers that fit; idle workers with less
-    than ``need`` left are retired (fresh jobs replace them). When none fits, the trial goes to
-    the worker with the most time left (the quantile is pessimistic: it may finish)."""
+    ``need`` more). When some worker fits, the trial is restricted to those; idle workers with
+    less than ``need`` left are retired. When none fits, nothing is restricted nor retired: the
+    trial runs where it can (the quantile is pessimistic, it may finish)."""
     if need is None or all(seconds is None for seconds in left.values()):
         return Placement(None)
     fits = []
@@ -60,9 +60,9 @@ def place(left: Mapping[str, float | None], busy: Collection[str], need: float |
         wait = need if worker in busy else 0.0
         if seconds is None or seconds - wait >= need:
             fits.append(worker)
-    retire = [w for w, s in left.items() if s is not None and s < need and w not in busy]
     if not fits:
-        fits = [max(left, key=lambda w: left[w] or 0.0)]
+        return Placement(None)
+    retire = [w for w, s in left.items() if s is not None and s < need and w not in busy]
     return Placement(tuple(sorted(fits)), tuple(sorted(retire)))
 
 
