@@ -49,10 +49,10 @@ def cluster_is_up(name: str) -> bool:
 
 
 def _check_numbers(
-    trials: int, direction: str, gpus_per_trial: float, timeout: float | None, **counts: int
+    trials: int, direction: str, gpus_per_trial: float, seconds: dict[str, Any], **counts: int
 ) -> None:
-    """The numbers a search takes; ``counts``: option names (``max_restarts``) and their
-    values, each at least 0 (``ranks_per_trial`` at least 1)."""
+    """The numbers a search takes; ``seconds``: option names (``timeout``) and their values,
+    None or positive; ``counts``: the same, each at least 0 (``ranks_per_trial`` at least 1)."""
     from clusterkit.errors import BadInput
 
     for option, value in counts.items():
@@ -66,8 +66,23 @@ def _check_numbers(
         raise BadInput(f"--direction must be minimize or maximize, got {direction!r}")
     if gpus_per_trial < 0:
         raise BadInput(f"--gpus-per-trial must be 0 or more, got {gpus_per_trial:g}")
-    if timeout is not None and timeout <= 0:
-        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+    for option, value in seconds.items():
+        if value is not None and value <= 0:
+            raise BadInput(f"--{option.replace('_', '-')} must be positive, got {value:g}")
+
+
+WORKDIR = typer.Option(
+    None, "--workdir", help="Project directory trials run in (default: the file's)."
+)
+WORKDIR_MAX_SIZE = typer.Option(
+    None, "--workdir-max-size", help="Largest project to copy, e.g. 200MiB (100MiB)."
+)
+TRIAL_WALLTIME = typer.Option(
+    None,
+    "--trial-walltime",
+    help="Seconds a trial likely takes, till 3 finished (then their p90): trials start only on "
+    "workers with that much walltime left; those with less retire.",
+)
 
 
 def hpo(
@@ -88,16 +103,13 @@ def hpo(
         None, "--checkpoint-dir", help="Multi-rank trials' checkpoints: URL or path, per trial."
     ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
+    trial_walltime: float = TRIAL_WALLTIME,
     lookahead: int = typer.Option(1, "--lookahead", help="Trials queued per busy slot; 0: none."),
     out: str = typer.Option(None, "--out", help="Results folder; default ./STUDY-results."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress."),
-    workdir: str = typer.Option(
-        None, "--workdir", help="Project directory trials run in (default: the file's)."
-    ),
+    workdir: str = WORKDIR,
     no_workdir: bool = typer.Option(False, "--no-workdir", help="Ship the objective alone."),
-    workdir_max_size: str = typer.Option(
-        None, "--workdir-max-size", help="Largest project to copy, e.g. 200MiB (100MiB)."
-    ),
+    workdir_max_size: str = WORKDIR_MAX_SIZE,
     detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
     max_restarts: int = typer.Option(3, "--max-restarts", help="Detached: driver restarts."),
     batch: bool = typer.Option(
@@ -114,7 +126,8 @@ def hpo(
     With --detach the search runs in the background (`clusterkit runs` lists it).
     With --batch, scheduler, driver and workers run in one job of the profile's batch system."""
     counts = {"max_restarts": max_restarts, "ranks_per_trial": ranks_per_trial}
-    _check_numbers(trials, direction, gpus_per_trial, timeout, lookahead=lookahead, **counts)
+    seconds = {"timeout": timeout, "trial_walltime": trial_walltime}
+    _check_numbers(trials, direction, gpus_per_trial, seconds, lookahead=lookahead, **counts)
     from clusterkit.runners.hpo import inputs as hpo_inputs
 
     project = None if no_workdir else _project(target, workdir, workdir_max_size)
@@ -161,6 +174,7 @@ def _search(objective: Any, store: Any, name: str, project: Any, params: dict[st
             direction=params["direction"],
             resources={"GPU": gpus} if gpus else None,
             timeout=params["timeout"],
+            trial_walltime=params["trial_walltime"],
             progress=params["progress"],
             out=folder,
             workdir=project,
@@ -198,6 +212,8 @@ def _detach(name: str, params: dict[str, Any]) -> str:
         argv += ["--gpus-per-trial", str(params["gpus_per_trial"])]
     if params["timeout"] is not None:
         argv += ["--timeout", str(params["timeout"])]
+    if params["trial_walltime"] is not None:
+        argv += ["--trial-walltime", str(params["trial_walltime"])]
     if params["ranks_per_trial"] != 1:
         argv += ["--ranks-per-trial", str(params["ranks_per_trial"])]
     if params["lookahead"] != 1:

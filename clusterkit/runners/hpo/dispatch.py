@@ -8,11 +8,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.runners.hpo import walltime
 
 if TYPE_CHECKING:
+    import optuna
     from distributed import Client, Future
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a placed trial may take to start (the hand-off, the worker's imports): walltime
+#: placement counts a worker's time left from then.
+START_DELAY = 1.0
 
 
 @dataclass
@@ -26,6 +32,17 @@ class Attempt:
     submits: int = 1
     requeues: int = 0  # Dask dropped the task (lost inputs): submitted again, not a new attempt
     workers: list[str] = field(default_factory=list)
+
+
+def ask(study: optuna.Study, storage: Any, study_id: int, enqueued: bool) -> optuna.Trial:
+    """``study.ask()`` while ``enqueued`` trials are left; else a new trial, without ask()'s scan
+    of every trial for enqueued ones (the runner enqueues only before the loop): it made trials
+    cost more in larger studies."""
+    if enqueued:
+        return study.ask()
+    import optuna
+
+    return optuna.Trial(study, storage.create_new_trial(study_id))
 
 
 def slots(client: Client, resources: Mapping[str, float] | None) -> int:
@@ -126,3 +143,98 @@ def log_stall(client: Client, keys: list[Any], quiet: float) -> None:
         len(keys),
         ", ".join(f"{key}: {state}" for key, state in states.items()),
     )
+
+
+def worker_end(dask_worker: Any) -> float | None:
+    """Run on a worker (``client.run``): its end, a ``time.time()`` stamp, from its ``lifetime``
+    (dask-jobqueue sets it from the job's walltime less the profile's margin; Kubernetes and
+    local workers have none: None). Read off the lifetime's timer, else the process's start."""
+    import time
+
+    lifetime = getattr(dask_worker, "lifetime", None)
+    if not lifetime:
+        return None
+    loop = dask_worker.io_loop.asyncio_loop
+    for handle in list(getattr(loop, "_scheduled", ())):  # asyncio's timers (not uvloop's)
+        call = handle._args[0] if handle._args else None
+        if getattr(call, "func", None) == dask_worker.close_gracefully:
+            return time.time() + handle.when() - loop.time()
+    import psutil
+
+    return float(psutil.Process().create_time() + lifetime)
+
+
+class WalltimeGuard:
+    """Walltime-aware placement in the loop (:mod:`.walltime` decides): the workers' ends, the
+    trials' likely duration, and the retirement of workers with too little left."""
+
+    def __init__(self, client: Client, study: Any, hint: float | None) -> None:
+        if hint is not None and not hint > 0:
+            raise BadInput(f"trial_walltime must be positive seconds, got {hint}")
+        self.client = client
+        self.durations = walltime.completed_durations(study.get_trials(deepcopy=False))
+        self.hint = hint
+        self.need = walltime.likely_duration(self.durations, hint)
+        self.ends: dict[str, float | None] = {}
+        self.live: set[str] | None = None  # the scheduler's workers, as last seen (the loop's)
+        self.retiring: set[str] = set()
+
+    @property
+    def bounded(self) -> bool:
+        """Placement is on: a trial's likely duration is known and some worker has an end."""
+        return self.need is not None and any(end is not None for end in self.ends.values())
+
+    def finished(self, record: dict[str, Any]) -> None:
+        """A trial's record: a completed one's duration counts (pruned ones end early)."""
+        if record["state"] == "COMPLETE":
+            self.durations.append(record["end"] - record["start"])
+            self.need = walltime.likely_duration(self.durations, self.hint)
+
+    def refresh(self) -> None:
+        """Ask new workers for their ends (only once a duration is known: no cost before)."""
+        if self.need is None:
+            return
+        live = self.live
+        if live is None:
+            live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        new = [w for w in live if w not in self.ends]
+        if new:
+            ends = self.client.run(worker_end, workers=new, on_error="return")
+            self.ends.update({w: e for w, e in ends.items() if not isinstance(e, Exception)})
+        for gone in set(self.ends) - live:
+            del self.ends[gone]
+
+    def restrictions(self, inflight: Any) -> dict[str, Any]:
+        """``client.submit``'s keywords placing the next trial (none: anywhere), given the
+        :class:`Attempt` s in flight; retires the idle workers with too little left for any.
+        Loose: if the listed workers are gone, another (a fresh job) takes the trial."""
+        if not self.bounded:
+            return {}
+        import time
+
+        busy = {attempt.workers[-1] for attempt in inflight if attempt.workers}
+        ends = {w: e for w, e in self.ends.items() if w not in self.retiring}
+        left = walltime.seconds_left(ends, time.time() + START_DELAY)
+        placement = walltime.place(left, busy, self.need)
+        if placement.retire:
+            self._retire(placement.retire)
+        if placement.workers is None:
+            return {}
+        return {"workers": list(placement.workers), "allow_other_workers": True}
+
+    def _retire(self, workers: tuple[str, ...]) -> None:
+        self.retiring.update(workers)
+        logger.info(
+            "retiring %s: too little walltime left for a trial (likely %.0fs)",
+            ", ".join(workers),
+            self.need or 0.0,
+        )
+        loop: Any = self.client.loop
+        loop.add_callback(self._retire_now, list(workers))
+
+    async def _retire_now(self, workers: list[str]) -> None:
+        scheduler: Any = self.client.scheduler
+        try:
+            await scheduler.retire_workers(workers=workers, close_workers=True)
+        except OSError as error:  # the scheduler is briefly unreachable: the lifetime ends it
+            logger.debug("could not retire %s: %s", workers, error)

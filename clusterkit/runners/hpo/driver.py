@@ -34,12 +34,13 @@ if TYPE_CHECKING:
     from clusterkit.runners.hpo.warmup import Warmup
 
 #: What the loop is given, in :func:`drive`'s order: n_trials, resources, max_retries, catch,
-#: timeout, progress, gang.
+#: timeout, trial_walltime, progress, gang.
 Settings = tuple[
     int,
     Mapping[str, float] | None,
     int,
     tuple[type[BaseException], ...],
+    float | None,
     float | None,
     bool,
     GangOptions | None,
@@ -64,6 +65,7 @@ def run(
     max_retries: int = 2,
     catch: tuple[type[BaseException], ...] = (Exception,),
     timeout: float | None = None,
+    trial_walltime: float | None = None,
     progress: bool = True,
     out: str | None = None,
     workdir: Any = "auto",
@@ -87,18 +89,17 @@ def run(
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
         whose worker died; exceptions that fail only their trial (others re-raise; with none
         completed, :class:`~.records.NoTrialCompleted` names the first failure's cause).
-    timeout, progress, out, lookahead, callbacks
-        Seconds after which no trial starts; live progress; a folder for trials.csv, plots (a
-        stopped search's too); trials per slot queued to start as one ends (0: each sampled
-        with every result so far; off with a timeout and for gangs); Optuna callbacks
-        ``f(study, frozen_trial)`` run here, for each finished trial once, in number order.
-    workdir
+    timeout, trial_walltime, progress, out, lookahead, callbacks
+        Seconds after which no trial starts; a trial's likely seconds till 3 completed (then
+        their p90: walltime-aware placement, :mod:`.walltime`); live progress; a folder for
+        trials.csv, plots (a stopped search's too); trials per slot queued as one ends (0: none;
+        off with a timeout, gangs, placement); ``f(study, frozen_trial)`` run here, in order.
+    workdir, ranks_per_trial, placement, checkpoint_dir
         The project trials run in (cwd, first on ``sys.path``): in place where a worker sees
-        its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None: off.
-    ranks_per_trial, placement, checkpoint_dir
-        Ranks per trial (an int, or a function of the parameters sampled so far): above 1 a
-        trial is a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread";
-        an fsspec URL or path for the gangs' checkpoints, a folder per trial.
+        its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None:
+        off. Ranks per trial (an int, or a function of the parameters sampled so far): above 1
+        a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread"; an fsspec
+        URL or path for the gangs' checkpoints (a folder per trial).
     """
     inputs.check_counts(n_trials, max_retries, lookahead)  # the client: get_client() by default
     study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
@@ -106,8 +107,8 @@ def run(
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
     _check_workers(client, resources)
-    settings = (n_trials, resources, max_retries, tuple(catch), timeout, progress, gang)
-    _search(study, client, objective, settings, out, warm, lookahead, callbacks)
+    settings = (n_trials, resources, max_retries, tuple(catch), timeout, trial_walltime, progress)
+    _search(study, client, objective, (*settings, gang), out, warm, lookahead, callbacks)
     return study
 
 
@@ -129,7 +130,7 @@ def _search(
         drive(
             study, client, objective, *settings, warm=warm, lookahead=lookahead, callbacks=callbacks
         )
-    report.finish(study, out, progress=settings[5])
+    report.finish(study, out, progress=settings[6])
     records.check_completed(study)
 
 
@@ -183,6 +184,7 @@ def drive(
     max_retries: int,
     catch: tuple[type[BaseException], ...],
     timeout: float | None,
+    trial_walltime: float | None,
     progress: bool,
     gang: GangOptions | None = None,
     warm: Warmup | None = None,
@@ -200,7 +202,7 @@ def drive(
     blob = dumps(objective)
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
     if gang is None:
-        search = SearchLoop(*args, lookahead=lookahead)
+        search = SearchLoop(*args, lookahead=lookahead, trial_walltime=trial_walltime)
     else:
         from clusterkit.runners.hpo.gang_loop import GangLoop
 

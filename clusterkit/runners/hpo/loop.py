@@ -18,9 +18,12 @@ from clusterkit.runners.hpo.callbacks import InOrder
 from clusterkit.runners.hpo.changelog import ChangeLog
 from clusterkit.runners.hpo.dispatch import (
     Attempt,
+    WalltimeGuard,
+    ask,
     check_cluster,
     count_slots,
     is_lost_worker,
+    log_stall,
     slots,
 )
 from clusterkit.runners.hpo.presample import Presampler
@@ -59,6 +62,7 @@ class SearchLoop:
         timeout: float | None,
         display: Any,
         lookahead: int = 0,
+        trial_walltime: float | None = None,
     ) -> None:
         self.study = study
         self.storage = inputs.storage_of(study)
@@ -87,6 +91,7 @@ class SearchLoop:
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
         self.presample = Presampler(study)
         self.order = InOrder(study)  # the callbacks' (drive() sets them)
+        self.walltime = WalltimeGuard(client, study, trial_walltime)  # placement (dispatch)
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
         from optuna.trial import TrialState
 
@@ -122,6 +127,7 @@ class SearchLoop:
             key=key,
             pure=False,
             resources=self.resources,
+            **self.walltime.restrictions(self.inflight.values()),  # off: none
         )
         self.futures[key] = (attempt_number, future)
         # the key, not the future: a notice left in the inbox must not keep a result alive
@@ -147,10 +153,12 @@ class SearchLoop:
     def _workers_seen(self, workers: dict[str, Any]) -> None:
         """The scheduler's workers, as last asked (on the client's event loop)."""
         self._slots_value = max(1, count_slots(workers.values(), self.resources))
+        self.walltime.live = set(workers)
         self.log.resize(self._slots_value)
         self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})
 
     def _fill(self) -> None:
+        self.walltime.refresh()  # the ends of workers new since
         while (
             len(self.inflight) < self._capacity()
             and self.done + len(self.inflight) < self.n_trials
@@ -167,21 +175,17 @@ class SearchLoop:
         self._refresh_slots()  # after dispatching, so the RPC never delays a trial
 
     def _capacity(self) -> int:
-        """Trials in flight at most: one per slot, and ``lookahead`` per slot (MAX_AHEAD in all)
-        queued to start as one ends, while over a slot's worth are left (the last: free slots)."""
-        if self.n_trials - self.done - len(self.inflight) <= self._slots_value:
+        """Trials in flight: one per slot, and ``lookahead`` per slot (MAX_AHEAD in all) queued
+        to start as one ends while over a slot's worth are left and walltime placement is off."""
+        left = self.n_trials - self.done - len(self.inflight)
+        if left <= self._slots_value or self.walltime.bounded:
             return self._slots_value
         return self._slots_value + min(self._slots_value * self.lookahead, MAX_AHEAD)
 
     def _ask(self) -> optuna.Trial:
-        """``study.ask()``, without its scan of every trial for enqueued ones once none are left
-        (the runner enqueues only before the loop): it made trials cost more in larger studies."""
-        if self._waiting > 0:
-            self._waiting -= 1
-            return self.study.ask()
-        import optuna
-
-        return optuna.Trial(self.study, self.storage.create_new_trial(self.study_id))
+        """:func:`.dispatch.ask`, the trials the runner enqueued counted down."""
+        enqueued, self._waiting = self._waiting > 0, max(0, self._waiting - 1)
+        return ask(self.study, self.storage, self.study_id, enqueued)
 
     def loop(self) -> None:
         self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
@@ -224,8 +228,7 @@ class SearchLoop:
             self.futures.clear()  # releases the tasks' results on the cluster
 
     def _report(self) -> None:
-        """Make every write durable, then show progress (:mod:`.storage`); at most every
-        REPORT_EVERY s while results stream in: each flush is an fsync and a file lock."""
+        """Make every write durable, then show progress (:mod:`.storage`; an fsync, a lock)."""
         flush_storage(self.storage)
         self._dirty = False
         self._reported_at = time.monotonic()
@@ -243,8 +246,6 @@ class SearchLoop:
         if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
             return
         self._stall_logged = True
-        from clusterkit.runners.hpo.dispatch import log_stall
-
         log_stall(self.client, [attempt.future.key for attempt in self.inflight.values()], quiet)
 
     # ------------------------------------------------------------------ events from workers
@@ -337,10 +338,8 @@ class SearchLoop:
         )
 
     def _complete(self, attempt: Attempt, record: dict[str, Any]) -> None:
-        """Count the trial and record it. Its slot is filled on its task's own completion
-        notice: a result event comes before the scheduler has seen the task end, and a trial
-        submitted then was at times placed on a busy worker (it waited there a whole trial,
-        till work stealing moved it). The next task's delta carries the record meanwhile."""
+        """Count the trial and record it; its slot is filled on its task's completion notice (a
+        trial submitted on the result event at times went to a busy worker, not yet seen free)."""
         self.inflight.pop(attempt.number, None)
         self.done += 1
         self._record(attempt, record)
@@ -356,6 +355,7 @@ class SearchLoop:
         records.apply_record(self.storage, attempt.trial_id, record)
         if "start" in record and "end" in record:
             self._longest = max(self._longest, record["end"] - record["start"])
+            self.walltime.finished(record)
         if record.get("traceback"):  # the one line goes to the terminal, this to the log
             logger.debug("trial %s failed:\n%s", attempt.number, record["traceback"])
         self._tell(attempt, record["state"], record["values"], record["error"])

@@ -1,0 +1,134 @@
+"""Walltime-aware placement (:mod:`clusterkit.runners.hpo.walltime`): the pure policy, and a
+search on workers of different lifetimes that avoids the one ending first, then retires it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from clusterkit.runners import hpo
+from clusterkit.runners.hpo import inputs
+from clusterkit.runners.hpo.walltime import (
+    MIN_FINISHED,
+    Placement,
+    completed_durations,
+    likely_duration,
+    place,
+    seconds_left,
+)
+
+
+@pytest.mark.unit
+def test_the_likely_duration_is_the_hint_until_enough_trials_finished() -> None:
+    assert likely_duration([], None) is None
+    assert likely_duration([10.0] * (MIN_FINISHED - 1), 30.0) == 30.0
+    durations = [float(s) for s in range(1, 11)]  # 1..10 s
+    assert likely_duration(durations, 30.0) == pytest.approx(9.1)  # numpy's p90
+    assert likely_duration(durations, None, quantile=0.5) == pytest.approx(5.5)
+
+
+@pytest.mark.unit
+def test_a_worker_ending_before_the_trial_is_avoided() -> None:
+    left = {"a": 100.0, "b": 20.0, "k8s": None}
+    assert place(left, busy=set(), need=30.0) == Placement(("a", "k8s"), retire=("b",))
+    # busy: its running trial counts one more likely duration
+    assert place(left, busy={"a"}, need=30.0) == Placement(("a", "k8s"), retire=("b",))
+    assert place(left, busy={"a"}, need=60.0) == Placement(("k8s",), retire=("b",))
+
+
+@pytest.mark.unit
+def test_a_busy_short_worker_is_not_retired_and_no_constraint_without_ends() -> None:
+    assert place({"a": 100.0, "b": 20.0}, busy={"b"}, need=30.0) == Placement(("a",))
+    assert place({"a": None, "b": None}, busy=set(), need=30.0) == Placement(None)
+    assert place({"a": 100.0, "b": 20.0}, busy=set(), need=None) == Placement(None)
+
+
+@pytest.mark.unit
+def test_when_no_worker_fits_the_trial_goes_to_the_longest_and_idle_ones_retire() -> None:
+    placement = place({"a": 10.0, "b": 20.0, "c": 25.0}, busy={"c"}, need=30.0)
+    assert placement == Placement(("c",), retire=("a", "b"))
+
+
+@pytest.mark.unit
+def test_seconds_left_and_completed_durations() -> None:
+    assert seconds_left({"a": 150.0, "b": None}, now=100.0) == {"a": 50.0, "b": None}
+    start = datetime(2026, 1, 1)
+    trials = [
+        SimpleNamespace(
+            state=optuna.trial.TrialState.COMPLETE,
+            datetime_start=start,
+            datetime_complete=start + timedelta(seconds=42),
+        ),
+        SimpleNamespace(
+            state=optuna.trial.TrialState.PRUNED,
+            datetime_start=start,
+            datetime_complete=start + timedelta(seconds=5),
+        ),
+    ]
+    assert completed_durations(trials) == [42.0]
+
+
+# ------------------------------------------------------------------ a real LocalCluster
+
+SHORT_LIFETIME = "12s"
+TRIAL_SECONDS = 3.0
+
+
+@pytest.fixture
+def two_lifetimes() -> Iterator[tuple[object, str]]:
+    """A client on two one-thread workers: "short", ending SHORT_LIFETIME after its start, and
+    "long", with no end; and the short one's address."""
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    short = {"nthreads": 1, "lifetime": SHORT_LIFETIME, "lifetime_stagger": 0}
+    workers = {
+        "short": {"cls": Nanny, "options": short},
+        "long": {"cls": Nanny, "options": {"nthreads": 1}},
+    }
+    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        address = next(a for a, w in info.items() if w["name"] == "short")
+        yield client, address
+
+
+def three_second_objective(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -1.0, 1.0)
+    time.sleep(TRIAL_SECONDS)
+    return x * x
+
+
+@pytest.mark.local
+def test_placement_avoids_the_worker_ending_first_and_retires_it(
+    two_lifetimes: tuple[object, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, short = two_lifetimes
+    with caplog.at_level(logging.INFO, logger="clusterkit.runners.hpo"):
+        study = hpo.run(
+            three_second_objective,
+            n_trials=10,
+            client=client,  # type: ignore[arg-type]
+            storage=optuna.storages.InMemoryStorage(),
+            progress=False,
+            trial_walltime=TRIAL_SECONDS,
+        )
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 10
+    on_short = [t.number for t in trials if t.user_attrs[inputs.ATTR_WORKER] == short]
+    assert on_short, "the short-lived worker took trials while they fit"
+    # no trial was cut by the short worker's lifetime and run again elsewhere
+    again = {
+        t.number: t.user_attrs[inputs.ATTR_ATTEMPTS]
+        for t in trials
+        if inputs.ATTR_ATTEMPTS in t.user_attrs
+    }
+    assert again == {}
+    retired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retiring")]
+    assert len(retired) == 1 and short in retired[0], retired
