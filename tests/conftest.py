@@ -39,6 +39,8 @@ TIERS = (
 )
 TOKEN_VAR = "CLUSTERKIT_TEST_TOKEN"
 _TOKEN = os.environ.setdefault(TOKEN_VAR, uuid.uuid4().hex)
+if _WORKER := os.environ.get("PYTEST_XDIST_WORKER"):  # a token per parallel worker, not shared
+    _TOKEN = os.environ[TOKEN_VAR] = f"{_TOKEN.split('-')[0]}-{_WORKER}"
 
 
 def required_tiers() -> set[str]:
@@ -58,10 +60,37 @@ def _tiers_of(item: pytest.Item) -> set[str]:
 
 _seen_tiers: set[str] = set()
 
+#: Fixtures that stand for one thing on this machine (a daemon and its munged, a Grid Engine
+#: cell, a system user): under ``pytest -n`` every test using one runs in the same worker, in
+#: order. Other tests run with the rest of their module, so module-scoped clusters start once.
+ONE_PER_MACHINE = {
+    "slurm": "slurm",
+    "nodes": "slurm",  # the multi-node SLURM shares munged with the single-node one
+    "sge": "sge",
+    "k8s": "kubernetes",
+    "clean": "kubernetes",
+    "second_user": "second-user",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to the test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         _seen_tiers.update(_tiers_of(item))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_parallel_group(item)))
+
+
+def _parallel_group(item: pytest.Item) -> str:
+    fixtures = getattr(item, "fixturenames", ())
+    shared = sorted({ONE_PER_MACHINE[name] for name in fixtures if name in ONE_PER_MACHINE})
+    return "+".join(shared) if shared else item.path.name
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Under ``pytest -n``: the tiers each worker collected (the controller collects none)."""
+    _seen_tiers.update(getattr(node, "workeroutput", {}).get("tiers", ()))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -78,6 +107,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workeroutput"):  # a worker reports to the controller
+        session.config.workeroutput["tiers"] = sorted(_seen_tiers)
+        return
     if session.config.option.collectonly or session.config.getoption("-k", None):
         return
     if session.config.getoption("-m", None):
