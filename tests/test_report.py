@@ -12,6 +12,7 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from clusterkit.runners.hpo import report, timeline
+from clusterkit.runners.hpo.account import Ledger, Segment
 from clusterkit.runners.hpo.inputs import ATTR_GANG, ATTR_TIME, ATTR_WORKER
 
 pytestmark = pytest.mark.unit
@@ -19,7 +20,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 #: In plotly.js's license header, once per inlined copy of the bundle.
 BUNDLE_MARK = "plotly.js v"
-PLOTS = ("optimization_history", "param_importances", "timeline")
+PLOTS = ("optimization_history", "param_importances", "timeline", "hours")
 
 
 def small_study(with_workers: bool = True) -> Any:
@@ -46,14 +47,29 @@ def small_study(with_workers: bool = True) -> Any:
     return study
 
 
+def small_ledger() -> Ledger:
+    """The small study's two one-core workers held for 10 s, and one lost attempt."""
+    ledger = Ledger(None, since=1e9)
+    ledger.seen({f"tcp://127.0.0.1:{4000 + i}": {"nthreads": 1} for i in range(2)}, now=1e9)
+    ledger.segments.append(Segment("tcp://127.0.0.1:4000", 6, 1e9 + 7, 1e9 + 9, 1, "lost"))
+    ledger.until = 1e9 + 10
+    return ledger
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return report.write_results(small_study(), tmp_path_factory.mktemp("results") / "out")
+    out = tmp_path_factory.mktemp("results") / "out"
+    return report.write_results(small_study(), out, small_ledger())
 
 
 def test_folder_holds_one_report_pngs_and_csv(folder: Path) -> None:
     files = {p.name for p in folder.iterdir()}
-    assert files == {"trials.csv", "report.html", *(f"{name}.png" for name in PLOTS)}
+    assert files == {
+        "trials.csv",
+        "report.html",
+        "account.json",
+        *(f"{name}.png" for name in PLOTS),
+    }
     assert len((folder / "trials.csv").read_text().splitlines()) == 1 + 6
 
 

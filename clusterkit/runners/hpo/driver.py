@@ -125,12 +125,22 @@ def _search(
     """Trials a dead driver left running recovered, the search to its end, its results written
     (so far, when it stops: Ctrl-C, SIGTERM, `runs stop`); :class:`~.records.NoTrialCompleted`
     when the study holds no completed trial."""
+    from clusterkit.runners.hpo.account import Ledger
+
     inputs.recover_orphans(study)
-    with report.written_if_stopped(study, out):
+    ledger = Ledger(settings[1])  # the account of the hours, from now (single-rank loop)
+    with report.written_if_stopped(study, out, ledger):
         drive(
-            study, client, objective, *settings, warm=warm, lookahead=lookahead, callbacks=callbacks
+            study,
+            client,
+            objective,
+            *settings,
+            warm=warm,
+            lookahead=lookahead,
+            callbacks=callbacks,
+            ledger=ledger,
         )
-    report.finish(study, out, progress=settings[6])
+    report.finish(study, out, progress=settings[6], ledger=ledger)
     records.check_completed(study)
 
 
@@ -190,10 +200,11 @@ def drive(
     warm: Warmup | None = None,
     lookahead: int = 0,
     callbacks: Sequence[Callback] = (),
+    ledger: Any = None,
 ) -> SearchLoop:
     """Run the loop to its end with the progress display, if asked for, open around it;
     ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``, ``callbacks``:
-    see :func:`run`."""
+    see :func:`run`; ``ledger``: the :class:`.account.Ledger` a single-rank loop fills."""
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
     from clusterkit.runners.workdir.pickling import dumps
@@ -203,6 +214,7 @@ def drive(
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
     if gang is None:
         search = SearchLoop(*args, lookahead=lookahead, trial_walltime=trial_walltime)
+        search.ledger = ledger or search.ledger
     else:
         from clusterkit.runners.hpo.gang_loop import GangLoop
 

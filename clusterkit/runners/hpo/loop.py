@@ -13,19 +13,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import fit
-from clusterkit.runners.hpo import inputs, records
+from clusterkit.runners.hpo import account, dispatch, inputs, records
 from clusterkit.runners.hpo.callbacks import InOrder
 from clusterkit.runners.hpo.changelog import ChangeLog
-from clusterkit.runners.hpo.dispatch import (
-    Attempt,
-    WalltimeGuard,
-    ask,
-    check_cluster,
-    count_slots,
-    is_lost_worker,
-    log_stall,
-    slots,
-)
+from clusterkit.runners.hpo.dispatch import Attempt, WalltimeGuard, count_slots, log_stall
 from clusterkit.runners.hpo.presample import Presampler
 from clusterkit.runners.hpo.storage import flush as flush_storage
 
@@ -92,6 +83,7 @@ class SearchLoop:
         self.presample = Presampler(study)
         self.order = InOrder(study)  # the callbacks' (drive() sets them)
         self.walltime = WalltimeGuard(client, study, trial_walltime)  # placement (dispatch)
+        self.ledger = account.Ledger(resources)  # the account of the hours held
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
         from optuna.trial import TrialState
 
@@ -154,6 +146,7 @@ class SearchLoop:
         """The scheduler's workers, as last asked (on the client's event loop)."""
         self._slots_value = max(1, count_slots(workers.values(), self.resources))
         self.walltime.live = set(workers)
+        self.ledger.seen(workers)
         self.log.resize(self._slots_value)
         self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})
 
@@ -185,12 +178,13 @@ class SearchLoop:
     def _ask(self) -> optuna.Trial:
         """:func:`.dispatch.ask`, the trials the runner enqueued counted down."""
         enqueued, self._waiting = self._waiting > 0, max(0, self._waiting - 1)
-        return ask(self.study, self.storage, self.study_id, enqueued)
+        return dispatch.ask(self.study, self.storage, self.study_id, enqueued)
 
     def loop(self) -> None:
         self.client.subscribe_topic(self.topic, lambda event: self.inbox.put(("event", event[1])))
+        self.ledger.listen(self.client)
         try:
-            self._slots_value = max(1, slots(self.client, self.resources))
+            self._slots_value = max(1, dispatch.slots(self.client, self.resources))
             self._slots_at = time.monotonic()
             self.log.resize(self._slots_value)
             self._fill()
@@ -202,7 +196,7 @@ class SearchLoop:
                     if self._dirty:  # quiet: make what came in durable and show it
                         self._report()
                         continue
-                    check_cluster(self.client, self.done, self.n_trials)
+                    dispatch.check_cluster(self.client, self.done, self.n_trials)
                     self._recheck()
                     self._watchdog()
                     continue
@@ -221,6 +215,7 @@ class SearchLoop:
         finally:
             self.client.unsubscribe_topic(self.topic)
             self._abandon()
+            self.ledger.close(self.client)
             flush_storage(self.storage)
             if sys.exc_info()[0] in (None, KeyboardInterrupt):  # not after a callback failed
                 self.order.finish()
@@ -258,6 +253,7 @@ class SearchLoop:
         if kind == "start":
             attempt.starts += 1
             attempt.workers.append(msg["worker"])
+            self.ledger.started(attempt.number, msg["worker"], msg["time"])
             self.log.ack(msg["worker"], msg["version"])
             if max(attempt.starts, attempt.submits) > 1 + self.max_retries:
                 attempt.future.cancel()
@@ -313,7 +309,7 @@ class SearchLoop:
             self._requeue(attempt)
             return
         error = future.exception()
-        if error is not None and not is_lost_worker(error):
+        if error is not None and not dispatch.is_lost_worker(error):
             self._tell(attempt, "FAIL", error=f"{type(error).__name__}: {error}")
             raise error
         tries = max(attempt.starts, attempt.submits)
@@ -321,6 +317,7 @@ class SearchLoop:
             self._fail_lost(attempt, f"its worker was lost ({type(error).__name__})")
             return
         attempt.submits = tries + 1
+        self.ledger.lost(number)
         logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
         attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
 
@@ -346,6 +343,7 @@ class SearchLoop:
 
     def _fail_lost(self, attempt: Attempt, why: str) -> None:
         tries = max(attempt.starts, attempt.submits)
+        self.ledger.lost(attempt.number)
         self._tell(attempt, "FAIL", error=f"trial failed after {tries} attempts: {why}")
 
     def _record(self, attempt: Attempt, record: dict[str, Any]) -> None:
@@ -353,6 +351,7 @@ class SearchLoop:
         import cloudpickle
 
         records.apply_record(self.storage, attempt.trial_id, record)
+        self.ledger.ended(attempt.number, record)
         if "start" in record and "end" in record:
             self._longest = max(self._longest, record["end"] - record["start"])
             self.walltime.finished(record)

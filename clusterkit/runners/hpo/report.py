@@ -1,6 +1,7 @@
 """HPO results: the live progress line, the best-trials table, and the output folder.
 
-The folder holds ``trials.csv``, each plot as PNG and one offline ``report.html`` with every plot.
+The folder holds ``trials.csv``, each plot as PNG, one offline ``report.html`` with every plot,
+and ``account.json``: the hours the search held and where they went (:mod:`.account`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from clusterkit.runners.hpo import inputs
+from clusterkit.runners.hpo import inputs, timeline
 from clusterkit.runners.hpo.inputs import ATTR_GANG
 from clusterkit.runners.hpo.timeline import pyplot, timeline_matplotlib, timeline_plotly
 
@@ -184,14 +185,18 @@ HEADINGS = {
     "optimization_history": "Optimization history",
     "param_importances": "Parameter importances",
     "timeline": "Trials per worker",
+    "hours": "Where the hours went",
 }
 
 
-def write_results(study: Any, out: str | Path) -> Path:
-    """``trials.csv``, each plot as PNG, and one ``report.html`` holding every plot.
+def write_results(study: Any, out: str | Path, ledger: Any = None) -> Path:
+    """``trials.csv``, each plot as PNG, one ``report.html`` holding every plot, and, given
+    the search's :class:`.account.Ledger`, ``account.json``.
 
     The report inlines one copy of plotly.js, shared by its plots: it opens offline.
     """
+    from clusterkit.runners.hpo import account
+
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     study.trials_dataframe().to_csv(folder / "trials.csv", index=False)
@@ -204,11 +209,17 @@ def write_results(study: Any, out: str | Path) -> Path:
                 figures[name] = figure
             except (ValueError, RuntimeError) as error:  # e.g. importances of constant params
                 logger.warning("skipped %s: %s", name, error)
-    timeline = timeline_plotly(study)
-    if timeline is not None:
-        figures["timeline"] = timeline
-        _save_png(timeline_matplotlib(study), folder / "timeline.png")
-    (folder / "report.html").write_text(report_html(study, figures), encoding="utf-8")
+    split = ledger.account() if ledger is not None else None
+    lost = [s for s in ledger.segments if s.outcome == "lost"] if ledger is not None else []
+    timeline_figure = timeline_plotly(study, lost)
+    if timeline_figure is not None:
+        figures["timeline"] = timeline_figure
+        _save_png(timeline_matplotlib(study, lost), folder / "timeline.png")
+    if split is not None and split.held > 0:
+        account.write(split, folder)
+        figures["hours"] = timeline.hours_plotly(split)
+        _save_png(timeline.hours_matplotlib(split), folder / "hours.png")
+    (folder / "report.html").write_text(report_html(study, figures, split), encoding="utf-8")
     return folder
 
 
@@ -271,8 +282,9 @@ def _save_png(figure: Any, path: Path) -> None:
         pyplot().close(figure)
 
 
-def report_html(study: Any, figures: dict[str, Any]) -> str:
-    """One self-contained page: a summary, then each plotly figure under its heading.
+def report_html(study: Any, figures: dict[str, Any], split: Any = None) -> str:
+    """One self-contained page: a summary (the hours' account, given one), then each plotly
+    figure under its heading.
 
     The first figure carries plotly.js inline and the others use it, so the page needs no network.
     """
@@ -291,6 +303,13 @@ def report_html(study: Any, figures: dict[str, Any]) -> str:
         f" best {html.escape(_best_text(study))}."
         ' Every trial: <a href="trials.csv">trials.csv</a>.</p>',
     ]
+    if split is not None and split.held > 0:
+        from clusterkit.runners.hpo.account import line
+
+        parts.append(
+            f'<p id="account">{html.escape(line(split))}'
+            ' (<a href="account.json">account.json</a>).</p>'
+        )
     parts += _gangs_html(study)
     if not figures:
         parts.append("<p>No plot: no trial completed or recorded its worker.</p>")
@@ -338,7 +357,7 @@ def _gangs_html(study: Any) -> list[str]:
 
 
 @contextlib.contextmanager
-def written_if_stopped(study: Any, out: str | Path | None) -> Iterator[None]:
+def written_if_stopped(study: Any, out: str | Path | None, ledger: Any = None) -> Iterator[None]:
     """A search that stops early (interrupted, or failed) writes its results so far to ``out``,
     if given; a failure to write them is logged, never raised over the reason it stopped."""
     try:
@@ -346,16 +365,23 @@ def written_if_stopped(study: Any, out: str | Path | None) -> Iterator[None]:
     except BaseException:
         if out is not None:
             try:
-                write_results(study, out)
+                write_results(study, out, ledger)
                 logger.warning("stopped: the results so far are in %s", out)
             except Exception as error:
                 logger.warning("could not write the results so far to %s: %s", out, error)
         raise
 
 
-def finish(study: Any, out: str | Path | None, progress: bool) -> None:
-    """After a search: the results folder, if asked for, and the best trials on the terminal."""
+def finish(study: Any, out: str | Path | None, progress: bool, ledger: Any = None) -> None:
+    """After a search: the results folder, if asked for, and the best trials and the hours'
+    account (``hours: 0.42 core-h held, 81% finished, ...``) on the terminal."""
     if out is not None:
-        write_results(study, out)
+        write_results(study, out, ledger)
     if progress:
         print_best(study)
+        split = ledger.account() if ledger is not None else None
+        if split is not None and split.held > 0:
+            from clusterkit.console import err
+            from clusterkit.runners.hpo.account import line
+
+            err().print(line(split), markup=False, highlight=False)

@@ -1,5 +1,8 @@
 """The timeline plot: each trial as a bar on the worker it ran on; the gaps are idle time.
 
+Attempts lost with their worker (the account's, :mod:`.account`) are drawn too, as ``lost``;
+:func:`hours_plotly` / :func:`hours_matplotlib` draw the account's split as one bar.
+
 A gang trial (``ranks_per_trial``) is drawn on every worker its gang held, in one colour per trial
 and labelled ``#7 (k=4)``, its state shown by hatching; a single-rank search colours by state.
 """
@@ -7,14 +10,20 @@ and labelled ``#7 (k=4)``, its state shown by hatching; a single-rank search col
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from clusterkit.runners.hpo import inputs
 from clusterkit.runners.hpo.inputs import ATTR_GANG
 
-STATE_COLORS = {"COMPLETE": "#4c78a8", "PRUNED": "#f58518", "FAIL": "#e45756"}
+STATE_COLORS = {"COMPLETE": "#4c78a8", "PRUNED": "#f58518", "FAIL": "#e45756", "LOST": "#9d4edd"}
 #: Hatching of a gang trial's bars by state (plotly's pattern shapes, matplotlib's hatches).
-STATE_HATCHES = {"COMPLETE": "", "PRUNED": "/", "FAIL": "x"}
+STATE_HATCHES = {"COMPLETE": "", "PRUNED": "/", "FAIL": "x", "LOST": "."}
+#: The account's kinds (finished, pruned, failed, lost, idle) -> their colour.
+KIND_COLORS = dict(
+    zip(("finished", "pruned", "failed", "lost"), STATE_COLORS.values(), strict=True)
+)
+KIND_COLORS["idle"] = "#d9d9d9"
 #: Gang trials' colours, by trial number: light (Set3, tan for its second yellow), for black labels.
 TRIAL_COLORS = (
     "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
@@ -44,9 +53,10 @@ class Bar(NamedTuple):
         return STATE_COLORS.get(self.state, "#999999")
 
 
-def bars(study: Any) -> list[Bar]:
-    """A bar per trial and worker it held, for each trial that recorded where and when it ran."""
-    found = []
+def bars(study: Any, lost: Iterable[Any] = ()) -> list[Bar]:
+    """A bar per trial and worker it held, for each trial that recorded where and when it ran;
+    and one per ``lost`` attempt (the account's segments, :class:`.account.Segment`)."""
+    found = [Bar(s.worker, s.start, s.end, s.trial, "LOST", None) for s in lost]
     for trial in study.get_trials(deepcopy=False):
         span = trial.user_attrs.get(inputs.ATTR_TIME)
         gang = trial.user_attrs.get(ATTR_GANG)
@@ -71,11 +81,11 @@ def title(rows: list[Bar]) -> str:
     return f"trials per worker{held}: utilisation {busy / (len(workers) * span):.0%}"
 
 
-def timeline_plotly(study: Any) -> Any:
+def timeline_plotly(study: Any, lost: Iterable[Any] = ()) -> Any:
     """The timeline as a plotly figure, one trace per state; None without rows."""
     import plotly.graph_objects as go
 
-    rows = bars(study)
+    rows = bars(study, lost)
     if not rows:
         return None
     gangs, origin = has_gangs(rows), min(bar.start for bar in rows)
@@ -104,9 +114,9 @@ def timeline_plotly(study: Any) -> Any:
     return figure
 
 
-def timeline_matplotlib(study: Any) -> Any:
+def timeline_matplotlib(study: Any, lost: Iterable[Any] = ()) -> Any:
     """The timeline as a matplotlib figure, its legend right of the axes; None without rows."""
-    rows = bars(study)
+    rows = bars(study, lost)
     if not rows:
         return None
     gangs, origin = has_gangs(rows), min(bar.start for bar in rows)
@@ -163,6 +173,52 @@ def _legend(gangs: bool) -> list[Any]:
         Patch(facecolor="white", edgecolor=EDGE, hatch=h, label=s.lower())
         for s, h in STATE_HATCHES.items()
     ]
+
+
+def hours_title(account: Any) -> str:
+    from clusterkit.runners.hpo.account import hours
+
+    return f"{account.unit}-hours held: {hours(account.held, account.unit)}, where they went"
+
+
+def hours_plotly(account: Any) -> Any:
+    """The account's split (:class:`.account.Account`) as one stacked bar, in hours."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    held = account.held or 1.0
+    for kind, color in KIND_COLORS.items():
+        seconds = account.total[kind]
+        figure.add_bar(
+            y=["held"],
+            x=[seconds / 3600],
+            orientation="h",
+            name=f"{kind} {seconds / held:.0%}",
+            marker_color=color,
+            hovertemplate=f"{kind}: %{{x:.3g}} {account.unit}-h<extra></extra>",
+        )
+    figure.update_layout(
+        title=hours_title(account),
+        barmode="stack",
+        xaxis_title=f"{account.unit}-hours",
+        height=260,
+    )
+    return figure
+
+
+def hours_matplotlib(account: Any) -> Any:
+    """The account's split as one stacked bar, its legend right of the axes."""
+    fig, axes = pyplot().subplots(figsize=(10, 1.8))
+    left, held = 0.0, account.held or 1.0
+    for kind, color in KIND_COLORS.items():
+        width = account.total[kind] / 3600
+        axes.barh(0, width, left=left, color=color, label=f"{kind} {width * 3600 / held:.0%}")
+        left += width
+    axes.set_yticks([0], ["held"])
+    axes.set_xlabel(f"{account.unit}-hours")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    axes.set_title(hours_title(account))
+    return fig
 
 
 def pyplot() -> Any:

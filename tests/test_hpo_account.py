@@ -1,0 +1,201 @@
+"""The account of the hours (:mod:`clusterkit.runners.hpo.account`): exact splits of hand-made
+intervals, then real searches on a LocalCluster whose account adds up to the slot-seconds held."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+
+from clusterkit.runners import hpo
+from clusterkit.runners.hpo import account, inputs
+from clusterkit.runners.hpo.account import Held, Ledger, Segment, split
+
+#: How far the account's held slot-seconds may be from the slots x the search's span.
+TOLERANCE = 0.01
+
+
+def hand_made() -> account.Account:
+    """w1: 2 slots over [0, 100); w2: 1 slot over [50, 100); five attempts, one past w2's end."""
+    held = [Held("w1", 0.0, 100.0, 2), Held("w2", 50.0, 100.0, 1)]
+    segments = [
+        Segment("w1", 0, 0.0, 40.0, 1, "finished"),
+        Segment("w1", 1, 0.0, 30.0, 1, "pruned"),
+        Segment("w1", 2, 30.0, 90.0, 1, "failed"),
+        Segment("w2", 3, 50.0, 70.0, 1, "lost"),  # its worker died: run again
+        Segment("w2", 3, 70.0, 110.0, 1, "finished"),  # counted to w2's end only
+        Segment("gone", 4, 0.0, 10.0, 1, "finished"),  # on no worker held: not counted
+    ]
+    return split(held, segments, "core", since=0.0, until=100.0)
+
+
+@pytest.mark.unit
+def test_the_split_of_hand_made_intervals_is_exact() -> None:
+    result = hand_made()
+    assert result.total == {"finished": 70, "pruned": 30, "failed": 60, "lost": 20, "idle": 70}
+    assert result.held == 250  # 2 x 100 + 1 x 50
+    assert result.workers["w1"] == {
+        "slots": 2,
+        "finished": 40,
+        "pruned": 30,
+        "failed": 60,
+        "lost": 0,
+        "idle": 70,
+        "held": 200,
+    }
+    assert result.workers["w2"]["idle"] == 0 and result.workers["w2"]["held"] == 50
+    assert result.trials == {
+        0: {"finished": 40},
+        1: {"pruned": 30},
+        2: {"failed": 60},
+        3: {"lost": 20, "finished": 30},
+    }
+    assert account.line(result) == (
+        "hours: 0.0694 core-h held, 28% finished, 12% pruned, 24% failed, 8% lost, 28% idle"
+    )
+    again = account.Account.from_json(json.loads(json.dumps(result.to_json())))
+    assert again == result
+
+
+@pytest.mark.unit
+def test_the_split_counts_only_the_searchs_span() -> None:
+    """A worker there before the search, a trial of an earlier run: from ``since`` on only."""
+    held = [Held("w", -50.0, 100.0, 1)]
+    segments = [Segment("w", 0, -40.0, 20.0, 1, "finished"), Segment("w", 1, 20.0, 60.0, 1, "lost")]
+    result = split(held, segments, "GPU", since=10.0, until=80.0)
+    assert result.total == {"finished": 10, "pruned": 0, "failed": 0, "lost": 40, "idle": 20}
+    assert account.hours(result.held, result.unit) == "0.0194 GPU-h"
+
+
+@pytest.mark.unit
+def test_the_ledger_turns_events_into_intervals() -> None:
+    """Joins and leaves from the scheduler's events, a lost attempt cut at its worker's leave,
+    a trial's record as its last attempt, an attempt open at the end lost."""
+    ledger = Ledger({"GPU": 1}, since=100.0)
+    ledger.seen({"a": {"resources": {"GPU": 2}, "nthreads": 8}}, now=100.0)
+    ledger.event((110.0, {"action": "add-worker", "worker": "b"}))
+    ledger.seen({"a": {"resources": {"GPU": 2}}, "b": {"resources": {"GPU": 1}}})
+    ledger.started(0, "b", 112.0)
+    ledger.event((130.0, {"action": "remove-worker", "worker": "b"}))
+    ledger.started(0, "a", 135.0)  # the retry: the attempt on b was lost when b left
+    record = {"worker": "a", "start": 135.0, "end": 150.0, "state": "COMPLETE"}
+    ledger.ended(0, record)
+    ledger.started(1, "a", 140.0)
+    ledger.close()
+    ledger.until = 160.0  # the close's stamp, made exact
+    ledger.segments[-1] = ledger.segments[-1]._replace(end=160.0)
+    result = ledger.account()
+    assert result.unit == "GPU"
+    assert ledger.segments == [
+        Segment("b", 0, 112.0, 130.0, 1.0, "lost"),
+        Segment("a", 0, 135.0, 150.0, 1.0, "finished"),
+        Segment("a", 1, 140.0, 160.0, 1.0, "lost"),
+    ]
+    # a: 2 GPUs x 60 s; b: 1 GPU x 20 s
+    assert result.total == {"finished": 15, "pruned": 0, "failed": 0, "lost": 38, "idle": 87}
+
+
+# ------------------------------------------------------------------ a real LocalCluster
+
+SLEEP = 0.4
+
+
+def mixed_objective(trial: optuna.Trial) -> float:
+    """Completes, prunes (x < -0.5) or fails (x > 0.6), each after SLEEP seconds."""
+    x = trial.suggest_float("x", -1.0, 1.0)
+    time.sleep(SLEEP)
+    if x < -0.5:
+        raise optuna.TrialPruned()
+    if x > 0.6:
+        raise ValueError("too large")
+    return x * x
+
+
+@pytest.fixture
+def two_workers() -> Iterator[object]:
+    """A client on two one-thread worker processes (nannies restart a worker that dies)."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2)
+        yield client
+
+
+def seconds_by_state(study: optuna.Study, state: str) -> float:
+    spans = [
+        t.user_attrs[inputs.ATTR_TIME]
+        for t in study.get_trials(deepcopy=False)
+        if t.state.name == state
+    ]
+    return sum(end - start for start, end in spans)
+
+
+@pytest.mark.local
+def test_a_local_search_accounts_for_every_slot_second(two_workers: object, tmp_path: Path) -> None:
+    study = hpo.run(
+        mixed_objective,
+        n_trials=12,
+        client=two_workers,  # type: ignore[arg-type]
+        storage=optuna.storages.InMemoryStorage(),
+        sampler=optuna.samplers.RandomSampler(seed=3),
+        progress=False,
+        out=str(tmp_path),
+    )
+    data = json.loads((tmp_path / "account.json").read_text())
+    assert data["unit"] == "core"
+    parts = sum(data[kind] for kind in account.KINDS)
+    assert parts == pytest.approx(data["held"], rel=1e-9)
+    slots_times_span = 2 * (data["until"] - data["since"])  # two one-core workers throughout
+    assert data["held"] == pytest.approx(slots_times_span, rel=TOLERANCE)
+    for kind, state in account.BY_STATE.items():
+        assert data[state] == pytest.approx(seconds_by_state(study, kind), rel=1e-6), state
+    assert min(data["finished"], data["pruned"], data["failed"]) > 0, data
+    assert data["lost"] == 0 and data["idle"] > 0
+    assert len(data["trials"]) == 12 and len(data["workers"]) == 2
+    page = (tmp_path / "report.html").read_text()
+    assert 'id="account"' in page and 'id="hours"' in page and "% finished" in page
+    assert (tmp_path / "hours.png").stat().st_size > 0
+
+
+def dies_once(marker: Path) -> object:
+    """An objective: trial 0's first attempt kills its worker after a second (``marker`` tells
+    it the attempt was made); every trial takes SLEEP."""
+
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("x", -1.0, 1.0)
+        if trial.number == 0 and not marker.exists():
+            marker.write_text("died")
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(SLEEP)
+        return x * x
+
+    return objective
+
+
+@pytest.mark.local
+def test_the_attempt_on_a_worker_that_died_is_lost(two_workers: object, tmp_path: Path) -> None:
+    study = hpo.run(
+        dies_once(tmp_path / "marker"),  # type: ignore[arg-type]
+        n_trials=6,
+        client=two_workers,  # type: ignore[arg-type]
+        storage=optuna.storages.InMemoryStorage(),
+        progress=False,
+        out=str(tmp_path / "out"),
+    )
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+    data = json.loads((tmp_path / "out" / "account.json").read_text())
+    assert data["trials"]["0"]["lost"] == pytest.approx(1.0, abs=0.5), data["trials"]["0"]
+    assert data["lost"] == data["trials"]["0"]["lost"]
+    assert sum(data[kind] for kind in account.KINDS) == pytest.approx(data["held"], rel=1e-9)
+    assert data["finished"] == pytest.approx(seconds_by_state(study, "COMPLETE"), rel=1e-6)
+    assert len(data["workers"]) == 3  # the dead one, its restart, the other
