@@ -3,6 +3,7 @@ intervals, then real searches on a LocalCluster whose account adds up to the slo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import pytest
 from clusterkit.runners import hpo
 from clusterkit.runners.hpo import account, inputs
 from clusterkit.runners.hpo.account import Held, Ledger, Segment, split
+from clusterkit.runs.records import RunRecord
 
 #: How far the account's held slot-seconds may be from the slots x the search's span.
 TOLERANCE = 0.01
@@ -139,8 +141,19 @@ def seconds_by_state(study: optuna.Study, state: str) -> float:
     return sum(end - start for start, end in spans)
 
 
+def shown(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``clusterkit ARGS``' stdout, run in this process (exit status 0)."""
+    from clusterkit.cli import main
+
+    with contextlib.suppress(SystemExit):
+        main(list(args))
+    return capsys.readouterr().out
+
+
 @pytest.mark.local
-def test_a_local_search_accounts_for_every_slot_second(two_workers: object, tmp_path: Path) -> None:
+def test_a_local_search_accounts_for_every_slot_second(
+    two_workers: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     study = hpo.run(
         mixed_objective,
         n_trials=12,
@@ -164,6 +177,13 @@ def test_a_local_search_accounts_for_every_slot_second(two_workers: object, tmp_
     page = (tmp_path / "report.html").read_text()
     assert 'id="account"' in page and 'id="hours"' in page and "% finished" in page
     assert (tmp_path / "hours.png").stat().st_size > 0
+    # `runs show` of a run whose results folder it is (relative to its working directory)
+    where = dict(cwd=str(tmp_path.parent), results=tmp_path.name, profile="local", cluster=None)
+    RunRecord(id="hpo-hours", kind="hpo", argv=[], state="succeeded", **where).save()
+    text = shown(capsys, "runs", "show", "hpo-hours")
+    expected = account.line(account.Account.from_json(data)).removeprefix("hours: ")
+    assert ["hours:", expected] in [row.split(None, 1) for row in text.splitlines()], text
+    assert json.loads(shown(capsys, "runs", "show", "hpo-hours", "--json"))["account"] == data
 
 
 def dies_once(marker: Path) -> object:

@@ -118,13 +118,16 @@ def show(
     run_id: str = typer.Argument(..., metavar="ID"),
     json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Results folder, log, driver host and pid, restarts and why."""
+    """Results folder, log, driver host and pid, restarts and why; a search's hours held."""
     from clusterkit import console, runs
+    from clusterkit.runners.hpo import account
 
     info = runs.show(run_id)
+    held = account.read(_results(info))  # a search's account.json, once written
     if json_:
-        console.print_json(info)
+        console.print_json({**info, "account": held.to_json() if held else None})
         return
+    info["hours"] = account.line(held).removeprefix("hours: ") if held else None
     info["started"], info["ended"] = _when(info["started"]), _when(info["ended"])
     reasons = info.pop("restart_reasons")
     info["restarts"] = f"{info['restarts']}/{info.pop('max_restarts')}"
@@ -134,6 +137,14 @@ def show(
             typer.echo(f"{key + ':':12} {value}")
     for number, reason in enumerate(reasons, 1):
         console.message(f"restart {number}: {reason}")
+
+
+def _results(info: dict[str, object]) -> str | None:
+    """The run's results folder, a relative one from its working directory."""
+    import os
+
+    results = info.get("results")
+    return os.path.join(str(info.get("cwd") or ""), str(results)) if results else None
 
 
 @runs_app.command()
