@@ -12,7 +12,8 @@ anywhere, so nothing can reach a compute node through a host name or loopback.
 ``start(directory)`` brings it up and waits for every node to be idle; ``MultiNode.stop()``
 cancels every job, stops the daemons by their PIDs, kills what is left in the namespaces and
 deletes them. ``kill_node`` is a node dying (every process in it killed, slurmd included);
-``revive_node`` starts its slurmd again. A run killed before its teardown leaves its namespaces;
+``revive_node`` starts its slurmd again; ``cut_node`` sets its link down (a partition) and
+``reconnect_node`` up again. A run killed before its teardown leaves its namespaces;
 the next ``start`` removes them (``remove_stale``: the UTS files are kept per run, by PID).
 """
 
@@ -188,6 +189,14 @@ class MultiNode:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         return killed
+
+    def cut_node(self, node: str) -> None:
+        """The node is cut off: its link goes down on its side (its processes live on)."""
+        _run("ip", "-n", self.netns(node), "link", "set", INTERFACE, "down")
+
+    def reconnect_node(self, node: str) -> None:
+        """The cut is mended: the link comes back up with its address (and so its route)."""
+        _run("ip", "-n", self.netns(node), "link", "set", INTERFACE, "up")
 
     def start_slurmd(self, node: str) -> None:
         (self.directory / f"spool-{node}").mkdir(exist_ok=True)

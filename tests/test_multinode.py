@@ -331,3 +331,131 @@ def test_a_node_dies_mid_search(nodes: M.MultiNode, tmp_path: Path) -> None:
             search.communicate()
         clusterkit(nodes, "down", "dies", env=env)
         nodes.revive_node("n3")
+
+
+# ------------------------------------------------------------------ a node cut off mid-training
+
+
+SNAPSHOT_TRAIN = """\
+import json, os, socket, sys, time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+snapshot = Path(os.environ["CLUSTERKIT_CHECKPOINT_DIR"], "snapshot.pt")
+state = torch.load(snapshot) if snapshot.exists() else {"epochs_run": 0, "runs": []}
+hosts = [None] * world
+dist.all_gather_object(hosts, socket.gethostname())
+state["runs"].append({"started_at": state["epochs_run"], "hosts": hosts})
+for epoch in range(state["epochs_run"], int(sys.argv[1])):
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    time.sleep(0.5)
+    state["epochs_run"] = epoch + 1
+    if rank == 0:
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, snapshot.with_suffix(".tmp"))
+        os.replace(snapshot.with_suffix(".tmp"), snapshot)
+dist.destroy_process_group()
+"""
+
+
+def _snapshot(directory: Path) -> dict[str, Any]:
+    import torch
+
+    try:
+        return dict(torch.load(directory / "snapshot.pt"))
+    except (OSError, EOFError, RuntimeError):  # not written yet
+        return {"epochs_run": 0, "runs": []}
+
+
+class Lines:
+    """A process's output lines as they come, each with the time it came (``since``)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        import threading
+
+        self.process = process
+        self.lines: list[tuple[float, str]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait(self, timeout: float) -> str:
+        self.process.wait(timeout=timeout)
+        self.thread.join(timeout=10)
+        return "\n".join(line for _, line in self.lines)
+
+    def since(self, start: float) -> str:
+        return "\n".join(f"{when - start:+7.1f}s  {line}" for when, line in self.lines)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_node_cut_off_mid_training(nodes: M.MultiNode, tmp_path: Path, restarts: int) -> None:
+    """4 ranks over 2 of 3 nodes; the link of the node of ranks 2 and 3 goes down mid-run.
+    The training neither hangs nor tracebacks: one line naming that node; with a restart it
+    resumes from its snapshot on the nodes that remain."""
+    (tmp_path / "project").mkdir()
+    script = tmp_path / "project" / "train.py"
+    script.write_text(SNAPSHOT_TRAIN)
+    checkpoints = tmp_path / "ckpt"
+    path = profile(tmp_path, "cut", workers=6, processes=2, cores=2, memory="2GiB")  # 3 jobs
+    env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state"), "CLUSTERKIT_DDP_SPARES": "0"}
+    command = [*nodes.enter(), sys.executable, "-m", "clusterkit", "train", str(script),
+               "-p", str(path), "-n", "4", "--max-restarts", str(restarts),
+               "--checkpoint-dir", str(checkpoints), "--", "40"]  # fmt: skip
+    training = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **nodes.env(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, cut = Lines(training), None
+    try:
+        deadline = time.monotonic() + 180
+        while _snapshot(checkpoints)["epochs_run"] < 3:
+            assert training.poll() is None, output.wait(10)
+            assert time.monotonic() < deadline, "training did not reach epoch 3"
+            time.sleep(0.2)
+        hosts = _snapshot(checkpoints)["runs"][0]["hosts"]
+        assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+        cut = hosts[2]
+        nodes.cut_node(cut)
+        cut_at = time.monotonic()
+        text = output.wait(timeout=300)
+        took = time.monotonic() - cut_at
+        print(f"train --max-restarts {restarts}: {cut} cut off at 0.0s; "
+              f"exit {training.returncode} at {took:.1f}s; it printed:")  # fmt: skip
+        print(output.since(cut_at))
+        assert "Traceback" not in text, text
+        named = [line for line in text.splitlines() if f" on node {cut} " in line]
+        assert named, text  # the node is named
+        state = _snapshot(checkpoints)
+        if restarts == 0:
+            assert training.returncode == 1, text
+            assert named[-1].startswith("error: rank 2 failed: worker "), text
+            assert state["epochs_run"] < 40
+            return
+        assert training.returncode == 0, text
+        _, second = state["runs"]
+        assert state["epochs_run"] == 40
+        assert second["started_at"] >= 3 and cut not in second["hosts"], state["runs"]
+        assert len(set(second["hosts"])) == 2, second  # the two nodes that remain
+    finally:
+        if training.poll() is None:
+            training.kill()
+        output.wait(timeout=30)
+        if cut is not None:
+            nodes.reconnect_node(cut)
+        nodes.wait_idle(timeout=120)
+        assert not nodes.empty_queue(), nodes.queue()
+        nothing_left(nodes)

@@ -24,6 +24,7 @@ from clusterkit.runners.ddp import group
 from clusterkit.runners.ddp.placement import (
     Slot,
     interface_env,
+    node_facts,
     place,
     rank_specs,
     torch_backend,
@@ -232,6 +233,7 @@ def _attempts(
     wait = float(os.environ.get(WORKER_WAIT_ENV, "60"))
     checkpoint: bytes | None = None
     slots: list[Slot] = []
+    avoid: frozenset[str] = frozenset()  # workers that stopped answering: not yet dropped
     while True:
         attempt = counter[0]
         if deadline is not None:
@@ -239,17 +241,25 @@ def _attempts(
         if attempt == 0:
             slots = place(client, options.world_size, wait)
         else:  # same size: wait for replacements of lost workers (elastic if size was free)
-            slots = place(client, len(slots), wait, shrink=options.world_size is None)
+            shrink = options.world_size is None
+            slots = place(client, len(slots), wait, shrink=shrink, avoid=avoid)
         launch = _Launch(client, run_id, attempt, slots, payload, checkpoint, options, deadline)
         try:
             return _attempt(launch)
         except group.GroupFailed as failure:
+            avoid = failure.unreachable
             timed_out = deadline is not None and time.monotonic() > deadline
             if attempt >= options.max_restarts or timed_out:
                 raise TrainingFailed(
                     failure.rank, failure.message, failure.traceback, attempt + 1
                 ) from None
             log.warning("DDP attempt %d failed (%s); restarting", attempt, failure.message)
+            if avoid:
+                log.warning(
+                    "waiting for the scheduler to drop %d worker(s) that stopped answering",
+                    len(avoid),
+                )
+                group.settle(client, avoid)
             counter[0] += 1
             checkpoint = last_checkpoint(client, run_id)
             if options.project is not None:  # the project as it is now, as torchrun would
@@ -291,7 +301,9 @@ def _attempt(launch: _Launch) -> list[bytes]:
 
 def _launch(launch: _Launch) -> list[bytes]:
     client, slots, options = launch.client, launch.slots, launch.options
-    interfaces = interface_env(client, slots)
+    facts = node_facts(client, slots)
+    interfaces = interface_env(client, slots, facts)
+    nodes = {worker: found["node"] for worker, found in facts.items()}
     streamed = options.printer is not None
     specs = rank_specs(
         launch.run_id,
@@ -311,12 +323,14 @@ def _launch(launch: _Launch) -> list[bytes]:
     )
     futures = group.submit_ranks(client, specs, slots, interfaces)
     try:
-        return group.watch(client, futures, slots, launch.deadline)
+        return group.watch(client, futures, slots, launch.deadline, nodes)
     except group.GroupFailed as failure:
-        alive = group.stop(client, specs[0]["key"], futures, slots)
+        alive, unreachable = group.stop(client, specs[0]["key"], futures, slots)
         if failure.message == "timed out":
             raise
-        raise group.first_failure(futures, slots, alive) from None
+        cause = group.first_failure(futures, slots, alive, nodes, unreachable)
+        cause.unreachable = unreachable
+        raise cause from None
     except BaseException:
         group.stop(client, specs[0]["key"], futures, slots)
         raise

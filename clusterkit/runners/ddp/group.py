@@ -1,11 +1,19 @@
 """One attempt's rank group, watched from the driver: wait for every rank, find the first
-real failure (a lost worker, else the earliest error: a peer's comes later), stop them all."""
+real failure (a lost worker, else the earliest error: a peer's comes later), stop them all.
+
+A worker cut off from the scheduler is dropped when the scheduler's connection to it times out
+(``distributed.comm.timeouts.tcp``, 30 s), which ends the group; the ranks still blocked in a
+collective with it are killed then, not at the process group's timeout (30 min for gloo).
+Stopping is bounded too: a worker that does not take the abort within :data:`ABORT_WAIT`
+seconds is counted unreachable (its node is likely cut off as well) and not waited for.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clusterkit.runners.ddp.placement import Slot, live_workers
 
@@ -13,6 +21,11 @@ if TYPE_CHECKING:
     from distributed import Client, Future
 
 log = logging.getLogger(__name__)
+
+#: Seconds a worker has to take an abort before it counts as unreachable
+ABORT_WAIT = 10.0
+#: Seconds without a heartbeat after which a worker is not even asked (it cannot answer)
+SILENT = 10.0
 
 
 class GroupFailed(Exception):
@@ -23,10 +36,23 @@ class GroupFailed(Exception):
         self.rank = rank
         self.message = message
         self.traceback = tb
+        self.unreachable: frozenset[str] = frozenset()  # workers that did not take the abort
+
+
+def lost(worker: str, nodes: dict[str, str | None] | None = None, why: str = "left") -> str:
+    """'worker ADDRESS on node NAME left the cluster' (the node's host name when known)."""
+    node = (nodes or {}).get(worker)
+    where = f" on node {node}" if node else ""
+    text = "left the cluster" if why == "left" else "stopped answering"
+    return f"worker {worker}{where} {text}"
 
 
 def watch(
-    client: Client, futures: list[Future], slots: list[Slot], deadline: float | None
+    client: Client,
+    futures: list[Future],
+    slots: list[Slot],
+    deadline: float | None,
+    nodes: dict[str, str | None] | None = None,
 ) -> list[bytes]:
     """Wait for every rank; raise GroupFailed at the first failure or lost worker."""
     last_check = time.monotonic()
@@ -45,18 +71,27 @@ def watch(
             alive = set(live_workers(client))
             for rank, slot in enumerate(slots):
                 if slot.worker not in alive and futures[rank].status != "finished":
-                    raise GroupFailed(rank, f"worker {slot.worker} left the cluster")
+                    raise GroupFailed(rank, lost(slot.worker, nodes))
         time.sleep(0.02)
 
 
-def first_failure(futures: list[Future], slots: list[Slot], alive: set[str]) -> GroupFailed:
-    """The cause: a lost worker, else the earliest real error (a peer's comes later); the
-    search runner's gangs use it too."""
+def first_failure(
+    futures: list[Future],
+    slots: list[Slot],
+    alive: set[str],
+    nodes: dict[str, str | None] | None = None,
+    unreachable: frozenset[str] = frozenset(),
+) -> GroupFailed:
+    """The cause: a lost (else an unreachable) worker, else the earliest real error (a peer's
+    comes later); the search runner's gangs use it too."""
     from clusterkit.runners.ddp.worker import RankError
 
     for rank, slot in enumerate(slots):
         if slot.worker not in alive:
-            return GroupFailed(rank, f"worker {slot.worker} left the cluster")
+            return GroupFailed(rank, lost(slot.worker, nodes))
+    for rank, slot in enumerate(slots):
+        if slot.worker in unreachable:
+            return GroupFailed(rank, lost(slot.worker, nodes, why="silent"))
     errors = []
     for index, future in enumerate(futures):
         if future.status != "error":
@@ -74,26 +109,72 @@ def first_failure(futures: list[Future], slots: list[Slot], alive: set[str]) -> 
     return GroupFailed(first, message, tb)
 
 
-def stop(client: Client, key: str, futures: list[Future], slots: list[Slot]) -> set[str]:
-    """Kill every rank process of this attempt, let the tasks settle (bounded); alive workers."""
-    from distributed import wait
-
+def abort_all(client: Client, key: str, workers: list[str]) -> set[str]:
+    """Ask each worker to kill its rank processes of ``key``, all at once, for at most
+    :data:`ABORT_WAIT` seconds; the workers that did. One call per worker, in daemon threads,
+    so a worker that cannot be reached holds up neither the others nor this process's exit."""
     from clusterkit.runners.ddp.worker import abort
 
-    alive = set(live_workers(client))
-    targets = sorted({s.worker for s in slots} & alive)
-    if targets:
+    answered: set[str] = set()
+
+    def ask(worker: str) -> None:
         try:
-            client.run(abort, key, workers=targets, on_error="ignore")
+            client.run(abort, key, workers=[worker])
         except Exception as error:  # a worker dying right now must not mask the real failure
-            log.warning("abort of %s failed: %s", key, error)
-    running = [f for f, s in zip(futures, slots, strict=True) if s.worker in alive]
+            log.debug("abort of %s on %s failed: %s", key, worker, error)
+        else:
+            answered.add(worker)
+
+    threads = [threading.Thread(target=ask, args=(w,), daemon=True) for w in workers]
+    for thread in threads:
+        thread.start()
+    until = time.monotonic() + ABORT_WAIT
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))
+    return set(answered)
+
+
+def silent_workers(workers: dict[str, Any]) -> set[str]:
+    """Workers in scheduler info with no heartbeat for :data:`SILENT` seconds, measured on
+    the scheduler's clock (against its latest heartbeat), not this machine's."""
+    seen = {w: float(info.get("last_seen", 0.0)) for w, info in workers.items()}
+    latest = max(seen.values(), default=0.0)
+    return {w for w, when in seen.items() if when and latest - when > SILENT}
+
+
+def settle(client: Client, unreachable: frozenset[str], timeout: float = 60.0) -> None:
+    """Wait (bounded) until the scheduler drops each worker that could not answer, or hears
+    from it again: a restart's broadcasts (the project, plugins) reach every worker the
+    scheduler lists, and one cut off holds each up for the connect timeout (30 s)."""
+    deadline = time.monotonic() + timeout
+    pending = unreachable
+    while pending and time.monotonic() < deadline:
+        workers = live_workers(client)
+        pending = frozenset(pending & set(workers) & silent_workers(workers))
+        if pending:
+            time.sleep(0.5)
+
+
+def stop(
+    client: Client, key: str, futures: list[Future], slots: list[Slot]
+) -> tuple[set[str], frozenset[str]]:
+    """Kill every rank process of this attempt, let the tasks settle (bounded). Returns the
+    workers alive and those that could not answer (no heartbeat for :data:`SILENT` seconds,
+    or no answer to the abort within :data:`ABORT_WAIT`)."""
+    from distributed import wait
+
+    workers = live_workers(client)
+    alive, silent = set(workers), silent_workers(workers)
+    targets = sorted({s.worker for s in slots} & (alive - silent))
+    answered = abort_all(client, key, targets)
+    unreachable = frozenset(silent | (set(targets) - answered))
+    running = [f for f, s in zip(futures, slots, strict=True) if s.worker in answered]
     try:
         with client.as_current():  # wait() asks for the default client; ours may not be it
             wait(running, timeout=15)
     except TimeoutError:
         log.warning("ranks of %s still running 15s after abort", key)
-    return alive
+    return alive, unreachable
 
 
 def submit_ranks(

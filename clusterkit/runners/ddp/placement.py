@@ -63,19 +63,28 @@ def slots_of(workers: dict[str, Any]) -> list[Slot]:
     return slots
 
 
-def place(client: Client, world_size: int | None, wait: float, shrink: bool = False) -> list[Slot]:
+def place(
+    client: Client,
+    world_size: int | None,
+    wait: float,
+    shrink: bool = False,
+    avoid: frozenset[str] = frozenset(),
+) -> list[Slot]:
     """Slots for ``world_size`` ranks, waiting (bounded) for workers to arrive.
 
     ``shrink``: a restarted group whose size the user did not fix runs on the workers that
-    remain when replacements do not arrive in time.
+    remain when replacements do not arrive in time. ``avoid``: workers that stopped answering
+    (the scheduler may not have dropped them yet), used only when the wait runs out.
     """
     deadline = time.monotonic() + wait
     while True:
-        slots = rank_slots(client)
+        expired = time.monotonic() > deadline
+        every = rank_slots(client)
+        slots = every if expired else [s for s in every if s.worker not in avoid]
         wanted = world_size or len(slots)
         if slots and len(slots) >= wanted:
             return slots[:wanted]
-        if time.monotonic() > deadline:
+        if expired:
             if shrink and slots:
                 log.warning("restarting with %d ranks instead of %d", len(slots), wanted)
                 return slots
@@ -149,13 +158,19 @@ def rank_specs(
     return specs
 
 
-def interface_env(client: Client, slots: list[Slot]) -> dict[str, dict[str, str]]:
-    """GLOO/NCCL socket interface per worker: the one carrying the worker's Dask address."""
-    from clusterkit.runners.ddp.worker import interface_of
+def node_facts(client: Client, slots: list[Slot]) -> dict[str, dict[str, str | None]]:
+    """Per worker of ``slots``: the interface carrying its address and its host name."""
+    from clusterkit.runners.ddp.worker import facts_of
 
-    workers = sorted({s.worker for s in slots})
-    found = client.run(interface_of, workers=workers)
+    return client.run(facts_of, workers=sorted({s.worker for s in slots}))
+
+
+def interface_env(
+    client: Client, slots: list[Slot], facts: dict[str, dict[str, str | None]] | None = None
+) -> dict[str, dict[str, str]]:
+    """GLOO/NCCL socket interface per worker: the one carrying the worker's Dask address."""
+    found = node_facts(client, slots) if facts is None else facts
     return {
-        w: ({"GLOO_SOCKET_IFNAME": n, "NCCL_SOCKET_IFNAME": n} if n else {})
-        for w, n in found.items()
+        w: ({"GLOO_SOCKET_IFNAME": n, "NCCL_SOCKET_IFNAME": n} if (n := f["interface"]) else {})
+        for w, f in found.items()
     }

@@ -57,6 +57,11 @@ def interface_of(dask_worker: Any) -> str | None:
     return None
 
 
+def facts_of(dask_worker: Any) -> dict[str, str | None]:
+    """This worker's network interface (``interface_of``) and host name (client.run)."""
+    return {"interface": interface_of(dask_worker), "node": socket.gethostname()}
+
+
 def abort(key: str) -> int:
     """Kill this worker's rank processes of run attempt ``key`` (called through client.run)."""
     with _lock:
