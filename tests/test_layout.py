@@ -50,14 +50,10 @@ def test_no_function_over_the_limit() -> None:
     assert long == []
 
 
-#: Imports that point up or close a circle, each still to be undone. runs builds a command line
-#: and calls the typer app (``runs.launch``), and the detached driver replays the recorded argv
-#: through ``cli.main``: issue 39 asks for runs as library objects (a typed RunSpec executed
-#: by ``hpo.run``/``ddp.run``); until then these two arrows are the only ones allowed.
-KNOWN_EXCEPTIONS = {
-    ("clusterkit.runs", "clusterkit.cli"): "issue 39: runs.launch() calls the typer app",
-    ("clusterkit.runs.process", "clusterkit.cli"): "issue 39: the driver replays argv via cli",
-}
+#: Imports that point up or close a circle, each still to be undone (none left: runs are
+#: library objects since issue 39, a RunSpec the runs layer executes, no argv replayed
+#: through the CLI).
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def declared_layers() -> list[list[str]]:

@@ -6,7 +6,6 @@ import contextlib
 import signal
 import sys
 import time
-from typing import Any
 
 import typer
 
@@ -175,29 +174,6 @@ def _until_interrupted() -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     while True:
         time.sleep(3600)
-
-
-class _NoDashboard:
-    def close(self) -> None:
-        pass
-
-
-def search_dashboard(enabled: bool, storage: Any, name: str, client: Any, profile: Any) -> Any:
-    """`hpo --dashboard`: the study's dashboard served (its links on stderr) until ``close()``;
-    without the flag, nothing to close."""
-    if not enabled:
-        return _NoDashboard()
-    from clusterkit import console, state
-    from clusterkit.runners.hpo import dashboard as study_dashboard
-
-    named = profile and "/" not in profile and not profile.endswith((".yaml", ".yml"))
-    cluster = state.read_record(profile) if named else None  # a cluster from `up`, if live
-    if cluster is not None and not state.is_live(cluster):
-        cluster = None
-    view = study_dashboard.serve(storage, name)
-    for line in study_dashboard.links(view, cluster=cluster, client=client):
-        console.message(line)
-    return view
 
 
 def register(app: typer.Typer) -> None:

@@ -1,23 +1,26 @@
-"""Detached runs: searches and trainings that outlive the terminal that started them.
+"""Runs: searches and trainings as library objects, and detached ones that outlive the
+terminal that started them.
 
-``clusterkit hpo|train ... --detach`` (or :func:`launch` from Python) checks its inputs,
-records the run in ``<state dir>/runs/ID.json`` and starts a monitor in its own session that
-runs the driver and restarts it after a death by signal. :func:`list_runs`, :func:`show`,
+A run is a :class:`RunSpec` (:mod:`.spec`): kind, target and options, checked once.
+:func:`execute` runs one in this process (``clusterkit hpo|train``); :func:`launch` (or
+``clusterkit hpo|train ... --detach``) checks it against what it names, records it in
+``<state dir>/runs/ID.json`` and starts a monitor in its own session that runs the driver (the
+spec, executed) and restarts it after a death by signal. :func:`list_runs`, :func:`show`,
 :func:`logs`, :func:`wait` and :func:`stop` are what ``clusterkit runs`` calls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterkit import state
 from clusterkit.errors import BadInput, ClusterkitError
+from clusterkit.runs.launching import launch, submit
 from clusterkit.runs.records import (
     RunRecord,
     UnreadableRun,
@@ -29,8 +32,14 @@ from clusterkit.runs.records import (
 )
 from clusterkit.runs.status import shown_state
 
+if TYPE_CHECKING:
+    from clusterkit.runs.execution import execute
+    from clusterkit.runs.spec import RunSpec
+
 __all__ = [
     "RunRecord",
+    "RunSpec",
+    "execute",
     "launch",
     "list_runs",
     "logs",
@@ -43,107 +52,22 @@ __all__ = [
     "wait",
 ]
 
+
+def __getattr__(name: str) -> Any:
+    """``RunSpec`` and ``execute``, imported when first used (pydantic is not cheap)."""
+    if name == "RunSpec":
+        from clusterkit.runs.spec import RunSpec
+
+        return RunSpec
+    if name == "execute":
+        from clusterkit.runs.execution import execute
+
+        return execute
+    raise AttributeError(f"module 'clusterkit.runs' has no attribute {name!r}")
+
+
 #: Seconds ``stop`` waits for the driver's graceful end before ending its process group.
 STOP_TIMEOUT = 60.0
-
-
-def cluster_for(profile: str | None) -> str | None:
-    """The cluster from `up` a run on ``profile`` attaches to by name; None: the driver starts
-    its own (embedded) cluster. A cluster supervised on another host is refused here."""
-    if os.environ.get("CLUSTERKIT_SCHEDULER"):
-        return None
-    name = profile or os.environ.get("CLUSTERKIT_PROFILE") or "local"
-    if name.endswith((".yaml", ".yml")):
-        return None
-    record = state.read_record(name)
-    if record is None or not state.is_live(record) or record.starting:
-        return None
-    if record.elsewhere:
-        raise BadInput(
-            f"cluster '{name}' is supervised on host {record.host}: its runs run there",
-            hint=f"ssh {record.host} and run the command there",
-        )
-    return name
-
-
-def submit(
-    kind: str,
-    argv: list[str],
-    *,
-    profile: str | None,
-    results: str | None = None,
-    max_restarts: int = 3,
-    run_id: str | None = None,
-    batch: bool = False,
-) -> str:
-    """Record a run of ``clusterkit KIND ARGV`` (inputs already checked) and detach it, or
-    with ``batch`` submit it as one batch job (:mod:`clusterkit.runs.batch`).
-
-    Returns the run ID once its monitor runs (or its job is queued); the driver starts after.
-    """
-    from clusterkit.runs import batch as batch_job
-    from clusterkit.runs.process import detach
-
-    if max_restarts < 0:
-        raise BadInput(f"--max-restarts must be 0 or more, got {max_restarts}")
-    loaded = batch_job.checked_profile(profile) if batch else None
-    record = RunRecord(
-        id=run_id or new_id(kind),
-        kind=kind,
-        argv=list(argv),
-        cwd=os.getcwd(),
-        profile=profile or os.environ.get("CLUSTERKIT_PROFILE") or "local",
-        cluster=None if batch else cluster_for(profile),
-        results=results,
-        max_restarts=max_restarts,
-    )
-    state.check_space(state.run_dir(record.id))
-    if loaded is not None:
-        record.state, record.batch = "queued", batch_job.plan(loaded, record)
-    record.save()
-    try:
-        if loaded is None:
-            detach(record)
-        else:
-            _submit_batch(record, loaded)
-    except BaseException as error:
-        record.state, record.exit_code, record.reason = "failed", 1, str(error)[:200]
-        record.ended_at = time.time()
-        record.save()
-        raise
-    return record.id
-
-
-def _submit_batch(record: RunRecord, profile: Any) -> None:
-    """Certificates in the run's folder (the job's nodes share it), then the job."""
-    from clusterkit import security
-    from clusterkit.runs import batch as batch_job
-
-    if profile.protocol == "tls":
-        security.generate_tls(state.run_dir(record.id) / batch_job.TLS_DIR)
-    batch_job.submit_job(record, profile)
-
-
-def launch(kind: str, args: list[str], *, max_restarts: int = 3) -> str:
-    """``clusterkit KIND ARGS --detach`` from Python: the same checks, the run ID returned.
-
-    ``launch("hpo", ["search.py:objective", "--trials", "60", "-p", "gpu-lab"])``; bad input
-    raises :class:`clusterkit.errors.BadInput` before anything is recorded.
-    """
-    from clusterkit.cli import app
-
-    if kind not in ("hpo", "train"):
-        raise BadInput(f"kind must be hpo or train, got {kind!r}")
-    option = "--max-restarts" if kind == "hpo" else "--driver-restarts"
-    split = args.index("--") if "--" in args else len(args)
-    command = [kind, *args[:split], "--detach", option, str(max_restarts), *args[split:]]
-    from clusterkit.runs.process import fresh_interpreter
-
-    with contextlib.redirect_stdout(io.StringIO()), fresh_interpreter():
-        run_id = app(args=command, prog_name="clusterkit", standalone_mode=False)
-    if not isinstance(run_id, str):
-        raise ClusterkitError(f"clusterkit {kind} did not detach")
-    return run_id
 
 
 def row(entry: RunRecord | UnreadableRun) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 fork into a new session (no controlling terminal, so the terminal's hangup, the user's logout
 and the shell's death do not reach it), stdio to the run's folder, nobody's zombie. Where
 forking is unsafe it starts ``python -m clusterkit.runs.process ID`` with a new session
-instead. The monitor runs the driver (``clusterkit hpo|train ...`` in a child process group,
+instead. The monitor runs the driver (the run's spec, executed in a child process group,
 forked again when it can be) and starts it again, up to ``max_restarts``, when it dies from a
 signal without a stop request; the search resumes from its storage, training from its last
 checkpoint.
@@ -303,7 +303,7 @@ def _start_driver(record: RunRecord) -> Any:
 
 
 def driver(run_id: str) -> int:
-    """``clusterkit KIND ARGS`` in this process, in the run's directory; SIGTERM stops it
+    """The run's spec executed in this process, in the run's directory; SIGTERM stops it
     gracefully (as Ctrl-C would: the search flushes its storage, the cluster client closes)."""
     record = get(run_id)
     os.chdir(record.cwd)
@@ -322,18 +322,13 @@ def driver(run_id: str) -> int:
         flush=True,
     )
     from clusterkit.runs import reporting
+    from clusterkit.runs.execution import driver_main
 
     if record.kind == "hpo":
         reporting.report_hpo(state.run_dir(run_id) / PROGRESS_NAME)
     elif record.kind == "train":
         reporting.report_train(state.run_dir(run_id) / PROGRESS_NAME)
-    from clusterkit.cli import main
-
-    try:
-        main([record.kind, *record.argv])
-    except SystemExit as exited:
-        return exited.code if isinstance(exited.code, int) else 1
-    return 0
+    return driver_main(record)
 
 
 def main(argv: list[str] | None = None) -> int:

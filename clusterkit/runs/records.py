@@ -33,7 +33,7 @@ class RunRecord:
 
     id: str
     kind: str  # hpo | train
-    argv: list[str]  # the command's arguments, resolved (the driver runs `clusterkit KIND ...`)
+    argv: list[str]  # the spec as `clusterkit KIND ...`'s arguments, resolved (shown, logged)
     cwd: str
     profile: str  # the profile (or cluster) name the command was given
     cluster: str | None  # a cluster from `up` the driver attaches to; None: embedded
@@ -52,6 +52,9 @@ class RunRecord:
     batch: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
+    #: what the driver runs: the checked RunSpec as JSON (clusterkit.runs.spec); None in a
+    #: record from before specs, whose driver runs ``argv``
+    spec: dict[str, Any] | None = None
 
     def save(self) -> Path:
         return state.write_run_record(self.id, json.dumps(asdict(self), indent=2))

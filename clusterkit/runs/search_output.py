@@ -1,7 +1,7 @@
-"""What `clusterkit hpo` shows: each failure in one line (every traceback in the results
-folder's ``search.log``, on the terminal too with ``CLUSTERKIT_DEBUG=1``), the result as data
-on stdout (``best:`` and ``results:`` lines, or ``--json``), and SIGTERM stopping the search
-as Ctrl-C does."""
+"""What a search shows (:mod:`clusterkit.runs.search`): each failure in one line (every
+traceback in the results folder's ``search.log``, on the terminal too with
+``CLUSTERKIT_DEBUG=1``), the result as data on stdout (``best:`` and ``results:`` lines, or
+``--json``), and SIGTERM stopping the search as Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -83,26 +83,6 @@ def sigterm_stops() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def attached(search: Any, *args: Any) -> None:
-    """Run ``search(*args)`` (the command's attached search; its last argument the command's
-    parameters) with the search's log and SIGTERM as Ctrl-C, then show its result. A search
-    where no trial completed exits 1 with the first failure's cause (``--json``: the document
-    on stdout too)."""
-    from clusterkit.runners.hpo.records import NoTrialCompleted
-
-    params = args[-1]
-    folder = params["out"] or f"{args[2]}-results"  # search(objective, store, name, ...)
-    with search_log(folder) as log, sigterm_stops():
-        try:
-            study = search(*args)
-        except NoTrialCompleted as error:
-            error.hint = f"every traceback: {log}"
-            if params["as_json"]:
-                show_result(error.study, folder, log, as_json=True)
-            raise
-    show_result(study, folder, log, params["as_json"])
 
 
 def show_result(study: Any, folder: str, log: Path, as_json: bool) -> None:

@@ -1,0 +1,172 @@
+"""A search spec, run: its inputs checked before anything starts (:func:`prepare`), the spec a
+detached run records (:func:`detached`), and the search driven from this process with what
+``clusterkit hpo`` shows (:func:`run`), in a terminal or a detached run's driver alike."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clusterkit.runs.spec import HpoOptions, RunSpec
+
+
+@dataclass
+class Search:
+    """What a search spec names, loaded: the objective, the opened storage, the study name
+    and the project trials run in (None: the objective alone)."""
+
+    objective: Any
+    storage: Any
+    study_name: str
+    project: Any
+
+
+def cluster_is_up(name: str) -> bool:
+    """Whether ``name`` is a cluster from `up` (attached to by name: no profile needed)."""
+    from clusterkit import state
+
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return False
+    record = state.read_record(name)
+    return record is not None and state.is_live(record)
+
+
+def _project(target: str, workdir: str | None, max_size: str | None) -> Any:
+    """The objective's project, scanned now: too big or missing fails before anything starts."""
+    from clusterkit.runners.workdir import parse_max_size, scan
+
+    limit = parse_max_size("--workdir-max-size", max_size) if max_size else None
+    if workdir is None:
+        path = Path(target.rpartition(":")[0])
+        if not path.is_file():
+            return None  # load_objective names the missing file
+        workdir = str(path.resolve().parent)
+    return scan(workdir, max_size=limit)
+
+
+@contextlib.contextmanager
+def _on_path(directory: str | None) -> Iterator[None]:
+    """The project first on ``sys.path`` while the objective loads (sibling imports work as
+    under ``python FILE.py``)."""
+    if directory is None:
+        yield
+        return
+    sys.path.insert(0, directory)
+    try:
+        yield
+    finally:
+        sys.path.remove(directory)
+
+
+def prepare(spec: RunSpec) -> Search:
+    """Load what the spec names, in the order a mistake is found: the project, the objective,
+    the profile, the storage (BadInput naming the first that is wrong)."""
+    from clusterkit.runners.hpo import inputs as hpo_inputs
+
+    options: HpoOptions = spec.options  # type: ignore[assignment]
+    project = None
+    if not options.no_workdir:
+        project = _project(spec.target, options.workdir, options.workdir_max_size)
+    with _on_path(project.root if project is not None else None):
+        objective = hpo_inputs.load_objective(spec.target)
+    if spec.profile is not None and not cluster_is_up(spec.profile):  # unknown: fails here
+        from clusterkit.profiles import load_profile
+
+        load_profile(spec.profile)
+    name = options.study_name or hpo_inputs.default_study_name(objective)
+    storage = hpo_inputs.resolve_storage(options.storage, name)
+    return Search(objective, storage, name, project)
+
+
+def _absolute(path: str, cwd: str) -> str:
+    return str((Path(cwd) / Path(path).expanduser()).resolve())
+
+
+def detached(spec: RunSpec, search: Search) -> RunSpec:
+    """The spec a detached run records: every name filled in and every path absolute (the
+    driver resolves nothing against a terminal's directory that may be gone); what only a
+    terminal shows (``--json``, ``--dashboard``, ``--no-progress``) is left out."""
+    options: HpoOptions = spec.options  # type: ignore[assignment]
+    cwd, name = spec.cwd, search.study_name
+    file, _, function = spec.target.rpartition(":")
+    profile, storage = spec.profile, options.storage or f"{name}.optuna.log"
+    if profile is not None and profile.endswith((".yaml", ".yml")):
+        profile = _absolute(profile, cwd)
+    url, workdir = options.checkpoint_dir, options.workdir
+    return spec.replaced(
+        target=f"{_absolute(file, cwd)}:{function}",
+        profile=profile,
+        study_name=name,
+        out=_absolute(options.out or f"{name}-results", cwd),
+        storage=storage if "://" in storage else _absolute(storage, cwd),
+        checkpoint_dir=url if url is None or "://" in url else _absolute(url, cwd),
+        workdir=None if options.no_workdir or workdir is None else _absolute(workdir, cwd),
+        progress=True,
+        dashboard=False,
+        as_json=False,
+    )
+
+
+def run(spec: RunSpec, search: Search) -> int:
+    """The search, driven from this process, then its result on stdout (``best:`` and
+    ``results:`` lines, or ``--json``'s document); every record in the results folder's
+    ``search.log``; SIGTERM stops it as Ctrl-C does. A search where no trial completed
+    raises NoTrialCompleted (``--json``: its document on stdout first)."""
+    from clusterkit.runners.hpo.records import NoTrialCompleted
+    from clusterkit.runs.search_output import search_log, show_result, sigterm_stops
+
+    options: HpoOptions = spec.options  # type: ignore[assignment]
+    folder = options.out or f"{search.study_name}-results"
+    with search_log(folder) as log, sigterm_stops():
+        try:
+            study = _search(spec, search, folder)
+        except NoTrialCompleted as error:
+            error.hint = f"every traceback: {log}"
+            if options.as_json:
+                show_result(error.study, folder, log, as_json=True)
+            raise
+    show_result(study, folder, log, options.as_json)
+    return 0
+
+
+def _search(spec: RunSpec, search: Search, folder: str) -> Any:
+    """The search's study, searched from this process on the spec's profile."""
+    from clusterkit.client import get_client
+    from clusterkit.runners.hpo import run as run_search
+    from clusterkit.runners.hpo.callbacks import mlflow_callback
+    from clusterkit.runs.dashboard import search_dashboard
+
+    options: HpoOptions = spec.options  # type: ignore[assignment]
+    callbacks = [mlflow_callback(options.mlflow)] if options.mlflow else []
+    gpus = options.gpus_per_trial
+    client = get_client(spec.profile)
+    name, storage = search.study_name, search.storage
+    view = search_dashboard(options.dashboard, storage, name, client, spec.profile)
+    try:
+        study = run_search(
+            search.objective,
+            n_trials=options.trials,
+            client=client,
+            storage=search.storage,
+            study_name=search.study_name,
+            direction=options.direction,
+            resources={"GPU": gpus} if gpus else None,
+            timeout=options.timeout,
+            trial_walltime=options.trial_walltime,
+            progress=options.progress,
+            out=folder,
+            workdir=search.project,
+            ranks_per_trial=options.ranks_per_trial,
+            checkpoint_dir=options.checkpoint_dir,
+            lookahead=options.lookahead,
+            callbacks=callbacks,
+        )
+    finally:
+        view.close()
+        client.close()
+    return study
