@@ -410,3 +410,150 @@ def test_runs_lists_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     (row,) = json.loads(capsys.readouterr().out)
     assert row["id"] == "train-1" and row["state"] == "failed (driver exited with 1)"
     assert row["target"] == "profile p" and row["restarts"] == 0
+
+
+LAUNCH_A_SPEC = """
+import sys
+from clusterkit import runs
+
+spec = runs.RunSpec.hpo("search.py:objective", trials=6, study_name="spec", profile=sys.argv[1])
+print(runs.launch(spec))
+assert "clusterkit.cli" not in sys.modules, "the CLI was imported"
+"""
+
+
+def test_a_spec_launched_from_python_runs_detached_without_the_cli(
+    in_lab: tuple[str, Path],
+) -> None:
+    """``runs.launch(RunSpec)`` in a process that never imports the CLI: the search runs
+    detached, `runs show` sees it, its record holds the spec with every path absolute."""
+    from clusterkit.runs.records import get
+
+    name, root = in_lab
+    (root / "launch_spec.py").write_text(LAUNCH_A_SPEC)
+    done = subprocess.run(
+        [sys.executable, "launch_spec.py", name], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert runs.wait(run_id, timeout=90) == 0, "".join(runs.logs(run_id))
+    info = runs.show(run_id)
+    assert info["state"] == "succeeded" and info["progress"] == "6/6"
+    assert info["target"] == f"cluster {name}" and info["results"] == str(root / "spec-results")
+    assert info["command"] == (
+        f"clusterkit hpo {root}/search.py:objective --trials 6 --study-name spec --direction "
+        f"minimize --out {root}/spec-results --storage {root}/spec.optuna.log --profile {name}"
+    )
+    recorded = get(run_id).spec
+    assert recorded is not None and recorded["target"] == f"{root}/search.py:objective"
+    assert recorded["options"]["trials"] == 6 and recorded["cwd"] == str(root)
+    assert (root / "spec-results" / "trials.csv").is_file()
+    assert "best: " in "".join(runs.logs(run_id))
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: runs.RunSpec.hpo("search.py:objective", trials=0), "--trials must be at least 1"),
+        (
+            lambda: runs.RunSpec.hpo("search.py:objective", trials=2, direction="up"),
+            "--direction must be minimize or maximize, got 'up'",
+        ),
+        (
+            lambda: runs.RunSpec.hpo("search.py:objective", trials=2, lookahed=3),
+            "run spec: options.lookahed: Extra inputs are not permitted, got 3",
+        ),
+        (
+            lambda: runs.RunSpec.hpo("search.py:objective", trials="many"),
+            "run spec: options.trials: Input should be a valid integer",
+        ),
+        (lambda: runs.RunSpec.train("t.py", world_size=0), "--world-size must be at least 1"),
+        (
+            lambda: runs.launch(runs.RunSpec.hpo("search.py:nothing", trials=2)),
+            "has no function 'nothing'",
+        ),
+        (
+            lambda: runs.launch(runs.RunSpec.hpo("search.py:objective", trials=2, profile="nope")),
+            "nope",
+        ),
+        (
+            lambda: runs.launch(runs.RunSpec.hpo("search.py:objective", trials=2), max_restarts=-1),
+            "--max-restarts must be 0 or more, got -1",
+        ),
+        (lambda: runs.launch("hpo", ["search.py:objective", "-n", "x"]), "invalid int value"),
+        (lambda: runs.launch("sweep", ["search.py:objective"]), "kind must be hpo or train"),
+    ],
+)
+def test_a_bad_spec_is_refused_in_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: object, expected: str
+) -> None:
+    from clusterkit.errors import BadInput
+
+    (tmp_path / "search.py").write_text(textwrap.dedent(OBJECTIVE))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput) as refused:
+        make()  # type: ignore[operator]
+    line = refused.value.one_line()
+    assert expected in line and "\n" not in line, line
+    assert refused.value.exit_code == 2
+    assert not state.runs_dir().exists() or not state.run_ids()
+
+
+def test_a_spec_round_trips_through_its_record_and_its_command_line(tmp_path: Path) -> None:
+    from clusterkit.runs import dashboard
+    from clusterkit.runs.execution import recorded_spec
+    from clusterkit.runs.records import get
+    from clusterkit.runs.spec import command_line, from_command_line
+
+    search = runs.RunSpec.hpo(
+        "/p/search.py:objective",
+        trials=40,
+        study_name="s",
+        storage="sqlite:////p/s.db",
+        gpus_per_trial=0.5,
+        trial_walltime=600,
+        lookahead=0,
+        no_workdir=True,
+        profile="/p/gpu.yaml",
+    )
+    training = runs.RunSpec.train(
+        "/p/fit.py:train", world_size=4, max_restarts=2, script_args=["--epochs", "3", "--"]
+    )
+    for spec in (search, training):
+        argv = command_line(spec)
+        record = RunRecord(
+            f"{spec.kind}-1", spec.kind, argv, spec.cwd, "p", None, None, spec=spec.model_dump()
+        )
+        record.save()
+        assert recorded_spec(get(record.id)) == spec
+        assert from_command_line(spec.kind, argv, cwd=spec.cwd)[0] == spec
+        record.spec = None  # a record from before specs: its arguments, read as the CLI reads them
+        record.save()
+        assert recorded_spec(get(record.id)) == spec
+    assert command_line(training)[-4:] == ["--", "--epochs", "3", "--"]
+    study = dashboard.study_of("hpo-1")
+    assert (study.storage, study.study_name) == ("sqlite:////p/s.db", "s")
+
+
+def test_the_commands_and_the_spec_take_the_same_flags() -> None:
+    """Every option of `clusterkit hpo|train` is a field of its spec's options, with the same
+    flags (what `runs.launch(KIND, ARGS)` parses), or one that detaching takes beside."""
+    import typer
+
+    from clusterkit.cli import app
+    from clusterkit.runs import spec as run_spec
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for kind, model in (("hpo", run_spec.HpoOptions), ("train", run_spec.TrainOptions)):
+        restarts = run_spec.DETACH_FLAGS[kind].removeprefix("--").replace("-", "_")
+        beside = {"target", "profile", "detach", "batch", restarts}
+        flags = {
+            param.name: (*param.opts, *param.secondary_opts)
+            for param in commands[kind].params
+            if param.name not in beside
+        }
+        fields = set(model.model_fields) - {"kind", "script_args"}
+        assert set(flags) == fields, kind
+        for name, given in flags.items():
+            expected = run_spec.FLAGS.get(name, (f"--{name.replace('_', '-')}",))
+            assert set(given) - {f"--no-{name}"} == set(expected), name
