@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,6 +198,15 @@ class MultiNode:
     def reconnect_node(self, node: str) -> None:
         """The cut is mended: the link comes back up with its address (and so its route)."""
         _run("ip", "-n", self.netns(node), "link", "set", INTERFACE, "up")
+
+    def set_slurmd_timeout(self, seconds: int) -> None:
+        """SLURM's SlurmdTimeout (how long before a silent node is set DOWN), reconfigured
+        live: 10 s for the tier, a site's 300 s where a test needs a node silent but not down."""
+        text = re.sub(r"(?m)^SlurmdTimeout=\d+$", f"SlurmdTimeout={seconds}", self.conf.read_text())
+        self.conf.write_text(text)
+        done = self.run("scontrol", "reconfigure")
+        if done.returncode != 0:
+            raise RuntimeError(f"scontrol reconfigure: {done.stderr.strip()}")
 
     def start_slurmd(self, node: str) -> None:
         (self.directory / f"spool-{node}").mkdir(exist_ok=True)

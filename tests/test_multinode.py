@@ -459,3 +459,37 @@ def test_a_node_cut_off_mid_training(nodes: M.MultiNode, tmp_path: Path, restart
         nodes.wait_idle(timeout=120)
         assert not nodes.empty_queue(), nodes.queue()
         nothing_left(nodes)
+
+
+# ------------------------------------------------------------------ down after a node died
+
+
+def test_down_after_a_node_died(nodes: M.MultiNode, tmp_path: Path) -> None:
+    """Every process of n3 killed (its slurmd too), then `down` at once, with a site's
+    SlurmdTimeout (300 s): SLURM keeps n3's job COMPLETING until the node is back; `down`
+    says so in one line, ends with exit 0 and leaves nothing on the nodes that live."""
+    env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
+    nodes.set_slurmd_timeout(300)
+    try:
+        done = clusterkit(nodes, "up", str(profile(tmp_path, "gone")), "--name", "gone", env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (n3_job,) = [job for job, _, node, _ in map(str.split, nodes.queue()) if node == "n3"]
+        assert nodes.kill_node("n3")
+        started = time.monotonic()
+        done = clusterkit(nodes, "down", "gone", env=env)
+        took = time.monotonic() - started
+        print(f"`down` after n3 died: exit {done.returncode} in {took:.1f}s; it printed:")
+        print(done.stdout + done.stderr)
+        print(f"queue after it: {nodes.queue()}; nodes: {nodes.node_states()}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        stuck = [line for line in done.stderr.splitlines() if n3_job in line]
+        assert len(stuck) == 1 and "node n3 " in stuck[0], done.stderr
+        assert [line.split()[:3] for line in nodes.queue()] in ([], [[n3_job, "COMPLETING", "n3"]])
+        assert not any(nodes.processes(node) for node in ("n1", "n2")), nodes.queue()
+        assert clusterkit(nodes, "status", "gone", env=env).returncode != 0  # no record left
+    finally:
+        clusterkit(nodes, "down", "gone", env=env)
+        nodes.revive_node("n3")
+        nodes.set_slurmd_timeout(10)
+        nothing_left(nodes)

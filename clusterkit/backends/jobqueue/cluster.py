@@ -77,6 +77,10 @@ class DrainOnClose:
         left = await asyncio.get_running_loop().run_in_executor(
             None, cancel_and_wait, self.queue, ids, DRAIN_TIMEOUT
         )
+        stranded = self.queue.stranded(self.queue.jobs(left)) if left else {}
+        for job_id, why in sorted(stranded.items()):
+            logger.warning("job %s stays in the %s queue: %s", job_id, self.system, why)
+        left = [job for job in left if job not in stranded]
         if left:
             logger.error("jobs still in the %s queue after close: %s", self.system, left)
             self.jobs_left = left

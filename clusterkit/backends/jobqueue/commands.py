@@ -40,6 +40,7 @@ class BatchQueue(Protocol):
     def queue_exists(self, name: str) -> bool | None: ...
     def stderr_path(self, job_id: str) -> str | None: ...
     def cancel(self, job_ids: Sequence[str]) -> None: ...
+    def stranded(self, jobs: dict[str, JobInfo]) -> dict[str, str]: ...
 
 
 def run_command(command: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
@@ -54,19 +55,26 @@ def run_command(command: Sequence[str]) -> subprocess.CompletedProcess[str] | No
 
 
 def cancel_and_wait(queue: BatchQueue, job_ids: Sequence[str], timeout: float) -> list[str]:
-    """Cancel jobs still queued and wait until the queue no longer lists them; the ones left."""
-    left = sorted(queue.jobs(job_ids))
+    """Cancel jobs still queued and wait until the queue no longer lists them; the ones left.
+
+    Jobs the queue keeps only because their node stopped answering (``queue.stranded``: a
+    SLURM job COMPLETING on a node whose slurmd is gone) are not waited for: they leave when
+    the node comes back, which no wait here can hasten. They are among the ones returned.
+    """
+    left = queue.jobs(job_ids)
     deadline = time.monotonic() + timeout
     cancelled = False
     while left:
         if not cancelled:
-            queue.cancel(left)
+            queue.cancel(sorted(left))
             cancelled = True
+        elif set(left) <= set(queue.stranded(left)):
+            break
         if time.monotonic() > deadline:
             break
         time.sleep(0.2)
-        left = sorted(queue.jobs(left))
-    return left
+        left = queue.jobs(left)
+    return sorted(left)
 
 
 def tail(path: str | None, lines: int = 10) -> list[str]:

@@ -212,14 +212,24 @@ class JobQueueBackend(Backend):
 
     def teardown(self, record: ClusterRecord) -> None:
         """Cancel every job carrying the cluster's job name (a dead supervisor's jobs)."""
+        from clusterkit import console
+
         job_name = (record.extra or {}).get("job_name")
-        if job_name:
-            left = cancel_and_wait(self.QUEUE, self.QUEUE.named(job_name), timeout=30)
-            if left:
-                raise ClusterkitError(
-                    f"jobs {', '.join(left)} of '{record.name}' are still in the queue",
-                    hint=f"cancel them by hand ({self.QUEUE.cancel_command} ...)",
-                )
+        if not job_name:
+            return
+        left = cancel_and_wait(self.QUEUE, self.QUEUE.named(job_name), timeout=30)
+        stranded = self.QUEUE.stranded(self.QUEUE.jobs(left)) if left else {}
+        for job_id, why in sorted(stranded.items()):
+            console.warn(
+                f"job {job_id} of '{record.name}' stays in the {self.NAME} queue as "
+                f"COMPLETING: {why}; it leaves when the node is back (nothing of it runs here)"
+            )
+        left = [job for job in left if job not in stranded]
+        if left:
+            raise ClusterkitError(
+                f"jobs {', '.join(left)} of '{record.name}' are still in the queue",
+                hint=f"cancel them by hand ({self.QUEUE.cancel_command} ...)",
+            )
 
     def describe(self, cluster: Any, profile: JobQueueProfile) -> list[StatusRow]:
         """One row per job: the batch system's state and, for pending jobs, its reason; for a

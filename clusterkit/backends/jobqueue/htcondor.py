@@ -85,6 +85,10 @@ class HTCondorQueue:
         if job_ids:
             run_command(["condor_rm", *job_ids])
 
+    def stranded(self, jobs: dict[str, JobInfo]) -> dict[str, str]:
+        """Jobs held in the queue by a node that stopped answering: not known here."""
+        return {}
+
 
 class HTCondorBackend(JobQueueBackend):
     """Workers in HTCondor jobs (dask_jobqueue.HTCondorCluster)."""

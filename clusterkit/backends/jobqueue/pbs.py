@@ -60,6 +60,10 @@ class PBSQueue:
         if job_ids:
             run_command(["qdel", *job_ids])
 
+    def stranded(self, jobs: dict[str, JobInfo]) -> dict[str, str]:
+        """Jobs held in the queue by a node that stopped answering: not known here."""
+        return {}
+
 
 def parse_qstat_full(job_id: str, text: str) -> JobInfo:
     """A JobInfo from `qstat -f` output; continuation lines start with a tab."""

@@ -127,6 +127,10 @@ class SGEQueue:
         if job_ids:
             run_command(["qdel", *job_ids])
 
+    def stranded(self, jobs: dict[str, JobInfo]) -> dict[str, str]:
+        """Jobs held in the queue by a node that stopped answering: not known here."""
+        return {}
+
 
 def memory_per_slot(profile: JobQueueProfile) -> str:
     """The job's memory divided over its slots, in Grid Engine's units (M = MiB), rounded up."""

@@ -66,6 +66,23 @@ class SlurmQueue:
         if job_ids:
             run_command(["scancel", *job_ids])
 
+    def stranded(self, jobs: dict[str, JobInfo]) -> dict[str, str]:
+        """Jobs SLURM keeps COMPLETING because every node of theirs stopped answering (its
+        slurmd is gone: state ``*``, or down): they leave the queue only once their node
+        registers again. Job id -> 'node n3 is not responding (down*)'."""
+        found = {}
+        for job_id, info in jobs.items():
+            if info.state != "COMPLETING" or not info.nodes:
+                continue
+            done = run_command(["sinfo", "-h", "-N", "-n", info.nodes, "-o", "%N %T"])
+            if done is None or done.returncode != 0:
+                continue
+            states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+            if states and all(s.endswith("*") or s.startswith("down") for s in states.values()):
+                where = ", ".join(f"{node} ({state})" for node, state in sorted(states.items()))
+                found[job_id] = f"node {where} is not responding"
+        return found
+
 
 def expand_slurm_pattern(pattern: str, job_id: str, job_name: str) -> str:
     """A file name pattern as sbatch expands it for the batch step (``%j``, ``%J``, ``%A``:
