@@ -557,3 +557,17 @@ def test_the_commands_and_the_spec_take_the_same_flags() -> None:
         for name, given in flags.items():
             expected = run_spec.FLAGS.get(name, (f"--{name.replace('_', '-')}",))
             assert set(given) - {f"--no-{name}"} == set(expected), name
+
+
+def test_a_spec_executed_in_this_process_shows_what_the_command_shows(
+    in_lab: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``runs.execute(spec)``: the search `clusterkit hpo` runs attached, from the library."""
+    name, root = in_lab
+    spec = runs.RunSpec.hpo("search.py:objective", trials=3, study_name="here", profile=name)
+    assert runs.execute(spec) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("best: trial #") and len(out) == 2
+    assert out[1] == "results: here-results/ (report.html, trials.csv, *.png)"
+    assert (root / "here-results" / "trials.csv").is_file()
+    assert sum(counted(t) for t in _study(root, "here").get_trials()) == 3
