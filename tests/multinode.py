@@ -196,8 +196,10 @@ class MultiNode:
         _run("ip", "-n", self.netns(node), "link", "set", INTERFACE, "down")
 
     def reconnect_node(self, node: str) -> None:
-        """The cut is mended: the link comes back up with its address (and so its route)."""
+        """The cut is mended: the link comes back up with its address (and so its route), and
+        the node back in service (as an admin would; SLURM set it down while it was cut)."""
         _run("ip", "-n", self.netns(node), "link", "set", INTERFACE, "up")
+        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")  # unless not down
 
     def set_slurmd_timeout(self, seconds: int) -> None:
         """SLURM's SlurmdTimeout (how long before a silent node is set DOWN), reconfigured

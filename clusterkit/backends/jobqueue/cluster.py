@@ -79,7 +79,8 @@ class DrainOnClose:
         )
         stranded = self.queue.stranded(self.queue.jobs(left)) if left else {}
         for job_id, why in sorted(stranded.items()):
-            logger.warning("job %s stays in the %s queue: %s", job_id, self.system, why)
+            text = "job %s stays in the %s queue as COMPLETING: %s; it leaves when the node is back"
+            logger.warning(text, job_id, self.system, why)
         left = [job for job in left if job not in stranded]
         if left:
             logger.error("jobs still in the %s queue after close: %s", self.system, left)
