@@ -33,18 +33,21 @@ def _resource_tracker() -> None:
     resource_tracker.ensure_running()
 
 
-@pytest.fixture
-def client() -> Iterator[object]:
-    """A cluster per test: its spare rank processes end with it (no leftovers between tests)."""
-    from distributed import Client, LocalCluster
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[object]:
+    """One cluster of 4 workers for the module: no test here kills or adds workers."""
+    from tests.clusters import local_client
 
-    with (
-        LocalCluster(
-            n_workers=4, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as connected,
-    ):
-        connected.wait_for_workers(4, timeout=60)
+    with local_client(4, dashboard=True) as connected:
+        yield connected
+
+
+@pytest.fixture
+def client(cluster: object) -> Iterator[object]:
+    """The module's cluster as a new one: its rank processes end with each test."""
+    from tests.clusters import as_new
+
+    with as_new(cluster, rank_processes=True) as connected:
         yield connected
 
 

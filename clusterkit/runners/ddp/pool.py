@@ -151,9 +151,15 @@ class SparePlugin(WorkerPlugin):
         ensure_spare(worker)
 
     def teardown(self, worker: Any) -> None:
-        with _lock:
-            processes = [*_spares, *(p for pool in _warm.values() for p in pool)]
-            _spares.clear()
-            _warm.clear()
-        for process in processes:
-            process.close()
+        end_all()
+
+
+def end_all() -> int:
+    """End this worker's spare and warm rank processes; how many there were."""
+    with _lock:
+        processes = [*_spares, *(p for pool in _warm.values() for p in pool)]
+        _spares.clear()
+        _warm.clear()
+    for process in processes:
+        process.close()
+    return len(processes)
