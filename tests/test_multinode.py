@@ -493,3 +493,67 @@ def test_down_after_a_node_died(nodes: M.MultiNode, tmp_path: Path) -> None:
         nodes.revive_node("n3")
         nodes.set_slurmd_timeout(10)
         nothing_left(nodes)
+
+
+# ------------------------------------------------------------------ gang trials across nodes
+
+
+GANGS = """
+    import json, socket, sys, time
+    import optuna
+    import torch.distributed as dist
+    import clusterkit
+    from clusterkit.runners import hpo
+
+    def objective(trial):
+        dist.init_process_group("gloo")
+        x = trial.suggest_float("x", 0, 1)
+        seen = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, [socket.gethostname(), x])
+        dist.destroy_process_group()
+        trial.set_user_attr("seen", seen)
+        return x
+
+    client = clusterkit.get_client(sys.argv[1])
+    found, took = {}, {}
+    for placement in ("pack", "spread"):
+        started = time.monotonic()
+        study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+        hpo.run(objective, n_trials=2, client=client, study=study, progress=False,
+                workdir=None, ranks_per_trial=2, placement=placement)
+        found[placement] = [
+            [t.state.name, t.params["x"], t.user_attrs["seen"]] for t in study.trials
+        ]
+        took[placement] = round(time.monotonic() - started, 1)
+    print(took, file=sys.stderr)
+    print(json.dumps(found))
+"""
+
+
+def test_gang_trials_pack_and_spread_over_two_nodes(nodes: M.MultiNode, tmp_path: Path) -> None:
+    """2 nodes x 2 rank slots (two jobs of two workers): ``placement="pack"`` keeps a 2-rank
+    gang on one node, ``"spread"`` puts it on both; every rank of a trial sees its parameters.
+    (``placement`` is an ``hpo.run`` option: no CLI flag or profile field yet.)"""
+    env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
+    path = profile(tmp_path, "gangs", workers=4, processes=2, cores=2, memory="2GiB")
+    started = time.monotonic()
+    done = clusterkit(nodes, "up", str(path), "--name", "gangs", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"up: {time.monotonic() - started:.1f}s")
+    try:
+        done = on_login(nodes, sys.executable, "-c", textwrap.dedent(GANGS), "gangs", env=env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        print(f"searches took (s): {done.stderr.strip().splitlines()[-1]}")
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        for case, trials in found.items():
+            for state, x, seen in trials:
+                assert state == "COMPLETE", found
+                assert [value for _, value in seen] == [x] * len(seen), found  # same params
+                hosts = [host for host, _ in seen]
+                assert set(hosts) <= set(M.NODES), found
+                wanted = 1 if case == "pack" else 2
+                assert len(set(hosts)) == wanted, (case, found)
+    finally:
+        done = clusterkit(nodes, "down", "gangs", env=env)
+        assert done.returncode == 0, done.stderr
+        nothing_left(nodes)
