@@ -23,7 +23,7 @@ def report_hpo(path: Path, every: float = 1.0) -> None:
 
     def update(self: Any, study: Any, running: int, busy: int, total: int, queued: int = 0) -> None:
         shown(self, study, running, busy, total, queued)
-        last["study"], last["total"] = study, total
+        last["study"], last["total"], last["hours"] = study, total, self.hours_text()
         write(study, running, busy, total, final=False)
 
     def close(self: Any) -> None:  # a stopped search: what it holds now, not a second ago
@@ -35,6 +35,7 @@ def report_hpo(path: Path, every: float = 1.0) -> None:
         counts = report._counts(study)
         done, best = sum(counts.values()), report._best_text(study)
         line = f"trials {done}/{total} | running {running} | best {best} | busy {busy}"
+        line += last.get("hours", "")  # the hours' account so far: " | 0.4 core-h held, ..."
         now = time.monotonic()
         if line == last["line"] or (now - last["at"] < every and done < total and not final):
             return

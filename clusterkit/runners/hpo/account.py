@@ -56,13 +56,15 @@ class Segment(NamedTuple):
 
 @dataclass
 class Account:
-    """Slot-seconds by kind (``KINDS``), in all, per worker and per trial (no idle there)."""
+    """Slot-seconds by kind (``KINDS``), in all, per worker (with its ``slots``, ``held``, the
+    ``start`` and ``end`` of its holding; from a Ledger, when it ``joined`` and a batch worker's
+    ``job``) and per trial (no idle)."""
 
     unit: str  # "GPU" or "core"
     since: float
     until: float
     total: dict[str, float]
-    workers: dict[str, dict[str, float]] = field(default_factory=dict)
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     trials: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
@@ -107,8 +109,13 @@ def split(
         if end > start:
             spans.setdefault(item.worker, []).append((start, end, item.slots))
     total = dict.fromkeys(KINDS, 0.0)
-    workers: dict[str, dict[str, float]] = {
-        worker: {"slots": max(s for _, _, s in mine), **dict.fromkeys(KINDS, 0.0)}
+    workers: dict[str, dict[str, Any]] = {
+        worker: {
+            "slots": max(s for _, _, s in mine),
+            "start": min(start for start, _, _ in mine),
+            "end": max(end for _, end, _ in mine),
+            **dict.fromkeys(KINDS, 0.0),
+        }
         for worker, mine in spans.items()
     }
     trials: dict[int, dict[str, float]] = {}
@@ -122,9 +129,9 @@ def split(
         workers[seg.worker][seg.outcome] += used
         mine = trials.setdefault(seg.trial, {})
         mine[seg.outcome] = mine.get(seg.outcome, 0.0) + used
-    for worker, mine in spans.items():
+    for worker, intervals in spans.items():
         kinds = workers[worker]
-        capacity = sum((end - start) * slots for start, end, slots in mine)
+        capacity = sum((end - start) * slots for start, end, slots in intervals)
         kinds["idle"] = max(0.0, capacity - sum(kinds[k] for k in OUTCOMES))
         kinds["held"] = sum(kinds[k] for k in KINDS)
         for kind in KINDS:
@@ -142,6 +149,16 @@ def line(account: Account) -> str:
     held = account.held
     parts = [f"{account.total[k] / held:.0%} {k}" if held else f"0% {k}" for k in KINDS]
     return f"hours: {hours(held, account.unit)} held, {', '.join(parts)}"
+
+
+def so_far(ledger: Ledger) -> str:
+    """The progress line's `` | 0.42 core-h held, 81% finished``: a search's account so far (a
+    trial counts once it ended); empty before it held anything."""
+    split = ledger.account()
+    if split.held <= 0:
+        return ""
+    share = split.total["finished"] / split.held
+    return f" | {hours(split.held, split.unit)} held, {share:.0%} finished"
 
 
 def write(account: Account, folder: str | Path) -> Path:
@@ -181,6 +198,27 @@ def worker_slots(info: Mapping[str, Any], resources: Mapping[str, float] | None)
     return float(info.get("nthreads", 1))
 
 
+async def job_start() -> tuple[str, float] | None:
+    """Run on a worker (``client.run``): its batch job's id and start, as the batch system
+    reports it (SLURM: ``squeue -o %S``); None outside a batch job, or when the batch system
+    does not answer. PBS and Grid Engine: not yet (their workers count from their joins)."""
+    import asyncio
+    import os
+    from datetime import datetime
+
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "squeue", "-h", "-j", job, "-o", "%S", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+        return job, datetime.fromisoformat(out.decode().strip()).timestamp()  # local time
+    except (OSError, ValueError, TimeoutError):
+        return None
+
+
 class Ledger:
     """The intervals of one search, as they happen: the workers' joins and leaves (the
     scheduler's ``all`` events, and the loop's polls of its workers), each attempt's start on
@@ -195,6 +233,8 @@ class Ledger:
         self.left: dict[str, float] = {}
         self.slots: dict[str, float] = {}
         self.job_start: dict[str, float] = {}  # a batch job's start, by worker
+        self.jobs: dict[str, str] = {}  # a worker's batch job id
+        self.client: Any = None  # the client whose events are heard (listen)
         self.running: dict[int, tuple[str, float]] = {}  # trial -> (worker, start)
         self.segments: list[Segment] = []
 
@@ -205,6 +245,7 @@ class Ledger:
         search's start."""
         workers = client.scheduler_info(n_workers=-1)["workers"]
         self.seen(workers, self.since)
+        self.client = client
         client.subscribe_topic("all", self.event)
 
     def seen(self, workers: Mapping[str, Any], now: float | None = None) -> None:
@@ -214,8 +255,7 @@ class Ledger:
         for address, info in workers.items():
             self.slots[address] = worker_slots(info, self.resources)
             if address not in self.joined or address in self.left:
-                self.joined.setdefault(address, now)
-                self.left.pop(address, None)
+                self._joined(address, self.joined.get(address, now))
         for address in set(self.joined) - set(workers) - set(self.left):
             self.left[address] = now
 
@@ -226,10 +266,30 @@ class Ledger:
         if not isinstance(worker, str):
             return
         if action == "add-worker":
-            self.joined[worker] = max(self.since, float(stamp))
-            self.left.pop(worker, None)
+            self._joined(worker, max(self.since, float(stamp)))
         elif action == "remove-worker":
             self.left[worker] = float(stamp)
+
+    def _joined(self, worker: str, stamp: float) -> None:
+        """``worker`` joined at ``stamp``; once the search listens, its batch job's start is
+        asked for (a worker in a batch job holds its slots from then)."""
+        new = worker not in self.joined
+        self.joined[worker] = stamp
+        self.left.pop(worker, None)
+        if new and self.client is not None:
+            self.client.loop.add_callback(self._ask_job_start, worker)
+
+    async def _ask_job_start(self, worker: str) -> None:
+        """On the client's event loop: the worker's batch job and its start (:func:`job_start`)."""
+        try:
+            found = await self.client.run(
+                job_start, workers=[worker], on_error="return", asynchronous=True
+            )
+        except Exception:  # gone already, or the scheduler briefly unreachable: its join counts
+            return
+        answer = found.get(worker)
+        if isinstance(answer, tuple | list) and len(answer) == 2:
+            self.jobs[worker], self.job_start[worker] = str(answer[0]), float(answer[1])
 
     def held(self, until: float) -> list[Held]:
         """Each worker's held interval: from its job's start (when known) or its join."""
@@ -282,4 +342,9 @@ class Ledger:
 
     def account(self) -> Account:
         until = self.until if self.until is not None else time.time()
-        return split(self.held(until), self.segments, self.unit, self.since, until)
+        result = split(self.held(until), self.segments, self.unit, self.since, until)
+        for worker, kinds in result.workers.items():
+            kinds["joined"] = self.joined[worker]  # its registration (or the search's start)
+            if worker in self.jobs:
+                kinds["job"] = self.jobs[worker]
+        return result

@@ -215,6 +215,8 @@ def drive(
     if gang is None:
         search = SearchLoop(*args, lookahead=lookahead, trial_walltime=trial_walltime)
         search.ledger = ledger or search.ledger
+        if display is not None:  # the account so far on the progress line
+            display.ledger = search.ledger
     else:
         from clusterkit.runners.hpo.gang_loop import GangLoop
 

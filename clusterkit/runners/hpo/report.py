@@ -63,6 +63,8 @@ class ProgressDisplay:
         )
         self.task = self.progress.add_task("hpo", total=total, detail="starting")
         self.progress.start()
+        self.ledger: Any = None  # the search's account of the hours (set by the driver)
+        self._hours_at, self._hours_text = -1e9, ""
 
     def update(self, study: Any, running: int, busy: int, total: int, queued: int = 0) -> None:
         """A single-rank search: trials running (and queued ahead on workers), workers busy."""
@@ -79,9 +81,19 @@ class ProgressDisplay:
         counts = _counts(study)
         detail = (
             f"{running} | failed {counts['FAIL']} | pruned {counts['PRUNED']} | "
-            f"best {_best_text(study)} | {load}"
+            f"best {_best_text(study)} | {load}{self.hours_text()}"
         )
         self.progress.update(self.task, completed=sum(counts.values()), total=total, detail=detail)
+
+    def hours_text(self) -> str:
+        """The hours' account so far (:func:`.account.so_far`), at most once a second anew."""
+        import time
+
+        if self.ledger is not None and time.monotonic() - self._hours_at >= 1.0:
+            from clusterkit.runners.hpo.account import so_far
+
+            self._hours_at, self._hours_text = time.monotonic(), so_far(self.ledger)
+        return self._hours_text
 
     def close(self) -> None:
         self.progress.stop()
