@@ -100,7 +100,7 @@ def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         else:
             os.environ["KUBECONFIG"] = old
         forget_cached_kubernetes_apis()
-        process.terminate()
+        process.send_signal(signal.SIGUSR1)  # the harness's quick stop (SIGTERM waits 5 s)
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:

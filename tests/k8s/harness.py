@@ -1,8 +1,9 @@
 """The emulated cluster process: API emulator + kubelet shim + the real operator.
 
 Run as ``python -m k8s.harness DIR`` (with tests/ on PYTHONPATH). It writes DIR/kubeconfig once
-everything is up and stops every process it started on SIGTERM, or when the process that
-started it is gone.
+everything is up and stops every process it started on SIGUSR1 (quick: the operator is
+cancelled), on SIGTERM (kopf's graceful stop, which waits 5 s for the emulator's open watch
+streams), or when the process that started it is gone.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ async def main(directory: Path) -> None:
     emulator = Emulator()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         loop.add_signal_handler(signum, stop.set)
     orphan_watch = asyncio.create_task(stop_when_orphaned(stop))
     async with emulator, kmock.Server(emulator) as server:
@@ -60,6 +61,9 @@ async def main(directory: Path) -> None:
         orphan_watch.cancel()
         kubelet_task.cancel()
         await kubelet.stop()
+        # cancelled, kopf stops its tasks at once; its graceful stop (stop flag, SIGTERM)
+        # first waits 5 s for "hung" tasks: the emulator's watch streams, which never end
+        operator_task.cancel()
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(operator_task, 10)
 
@@ -71,6 +75,9 @@ if __name__ == "__main__":
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    # one line per API request (the kubelet polls every 0.3 s): CPU and disk for nothing
+    for chatty in ("aiohttp.access", "httpx"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     patch_cluster_dns()
     try:
         asyncio.run(main(target))

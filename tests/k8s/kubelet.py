@@ -102,12 +102,12 @@ class Kubelet:
             if key not in self.pods:
                 await self._admit(deployment)
             await self._advance(self.pods[key], deployment.raw)
-        for key in set(self.pods) - seen:
-            await self._remove(self.pods.pop(key))
+        # a cluster's pods stop together, as on a real node (each may take seconds to close)
+        gone = [self.pods.pop(key) for key in set(self.pods) - seen]
+        await asyncio.gather(*(self._remove(state) for state in gone))
 
     async def stop(self) -> None:
-        for state in list(self.pods.values()):
-            await self._kill(state)
+        await asyncio.gather(*(self._kill(state) for state in self.pods.values()))
         self.pods.clear()
 
     # ------------------------------------------------------------------ pod lifecycle
