@@ -557,3 +557,46 @@ def test_gang_trials_pack_and_spread_over_two_nodes(nodes: M.MultiNode, tmp_path
         done = clusterkit(nodes, "down", "gangs", env=env)
         assert done.returncode == 0, done.stderr
         nothing_left(nodes)
+
+
+# ------------------------------------------------------------------ --batch over three nodes
+
+
+def test_batch_search_over_a_three_node_allocation(nodes: M.MultiNode, tmp_path: Path) -> None:
+    """`hpo --batch` of 6 one-task workers of 2 cores on 3 nodes of 4: one job spanning the
+    three nodes, its trials on every node; `runs wait` ends 0 and `runs` shows it."""
+    import optuna
+
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "objective.py").write_text(OBJECTIVE)
+    storage = f"sqlite:///{tmp_path / 'batch.db'}"
+    env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
+    path = profile(tmp_path, "batch", workers=6, cores=2, memory="1GiB")
+    objective = f"{tmp_path / 'project' / 'objective.py'}:objective"
+    done = clusterkit(nodes, "hpo", objective, "-p", str(path), "-n", "18", "--storage", storage,
+                      "--study-name", "dies", "--batch", env=env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.strip().splitlines()[-1]
+    waiting = subprocess.Popen(
+        [*nodes.enter(), sys.executable, "-m", "clusterkit", "runs", "wait", run_id,
+         "--timeout", "240"],
+        cwd=tmp_path, env={**os.environ, **nodes.env(), **env},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    names, spans = set(), set()  # job names in the queue; the nodes of the running ones
+    while waiting.poll() is None:
+        for _, state, *where, name in map(str.split, nodes.queue()):
+            names.add(name)
+            spans.update(where if state == "RUNNING" else ())
+        time.sleep(0.5)
+    output = waiting.communicate()[0]
+    print(f"queue while it ran: jobs {names} on {spans}")
+    assert waiting.returncode == 0, output
+    assert names == {f"ck-{run_id}"} and spans == {"n[1-3]"}, (names, spans)
+    trials = optuna.load_study(study_name="dies", storage=storage).get_trials()
+    assert len(trials) == 18 and all(t.state.name == "COMPLETE" for t in trials)
+    assert {t.user_attrs["host"] for t in trials} == set(M.NODES), trials
+    listed = clusterkit(nodes, "runs", env=env)
+    row = next(line for line in listed.stdout.splitlines() if run_id in line)
+    assert "succeeded" in row and "18/18" in row, listed.stdout
+    nothing_left(nodes)

@@ -66,8 +66,14 @@ def scheduler_host(profile: JobQueueProfile) -> str | None:
 
 
 def scheduler_options(profile: JobQueueProfile) -> dict[str, Any]:
-    """``scheduler_options`` of the cluster: bind address, port, dashboard, idle timeout."""
-    return options.scheduler_options(profile, scheduler_host(profile))
+    """``scheduler_options`` of the cluster: bind address, port, dashboard, idle timeout.
+
+    Without a host or interface of its own the scheduler binds on the workers' ``interface``,
+    as dask-jobqueue's cluster does; a ``--batch`` run's scheduler command needs it said."""
+    found = options.scheduler_options(profile, scheduler_host(profile))
+    if "host" not in found and "interface" not in found and profile.interface:
+        found["interface"] = profile.interface
+    return found
 
 
 def worker_args(profile: JobQueueProfile, *, lifetime: bool = True) -> list[str]:
