@@ -77,10 +77,13 @@ class Kubelet:
         self.workdir = workdir
         self.log_files = log_files
         self.pods: dict[tuple[str, str], PodState] = {}
+        #: held, so kr8s's per-loop cache (weak references) keeps one client for every call
+        self.api: Any = None
 
     # ------------------------------------------------------------------ main loop
 
     async def run(self) -> None:
+        self.api = await kr8s.asyncio.api()
         await self._ensure_node()
         while True:
             try:
@@ -93,7 +96,8 @@ class Kubelet:
 
     async def sync(self) -> None:
         seen: set[tuple[str, str]] = set()
-        async for deployment in kr8s.asyncio.get("deployments", namespace=kr8s.ALL):
+        # with api= given, kr8s skips its GET /version/ check on every poll
+        async for deployment in kr8s.asyncio.get("deployments", namespace=kr8s.ALL, api=self.api):
             labels = deployment.labels
             if labels.get("dask.org/component") not in ("scheduler", "worker"):
                 continue
