@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -204,6 +205,40 @@ def test_a_local_search_accounts_for_every_slot_second(
     expected = account.line(account.Account.from_json(data)).removeprefix("hours: ")
     assert ["hours:", expected] in [row.split(None, 1) for row in text.splitlines()], text
     assert json.loads(shown(capsys, "runs", "show", "hpo-hours", "--json"))["account"] == data
+
+
+@pytest.mark.local
+def test_status_shows_the_hours_held_since_up_and_the_share_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from clusterkit import api
+    from clusterkit.client import connect
+
+    profile = tmp_path / "two.yaml"
+    profile.write_text("backend: local\nworkers: 2\nworker:\n  threads: 1\n")
+    record = api.up(profile, name="hours")
+    try:
+        with connect(record) as client:
+            client.wait_for_workers(2)
+            began = time.time()
+            study = hpo.run(
+                mixed_objective,
+                n_trials=8,
+                client=client,
+                storage=optuna.storages.InMemoryStorage(),
+                progress=False,
+            )
+            ended = time.time()
+        hours = json.loads(shown(capsys, "status", "hours", "--json"))["hours"]
+        asked = time.time()
+        text = shown(capsys, "status", "hours")
+    finally:
+        api.down("hours")
+    trials = sum(seconds_by_state(study, state) for state in account.BY_STATE)
+    assert 2 * (ended - began) <= hours["held"] <= 2 * (asked - hours["since"]), hours
+    assert trials <= hours["busy"] <= hours["held"], (trials, hours)
+    assert hours["share_busy"] == pytest.approx(hours["busy"] / hours["held"])
+    assert re.search(r"^hours: [0-9.e-]+ core-h held since up, \d+% busy$", text, re.M), text
 
 
 def dies_once(marker: Path) -> object:

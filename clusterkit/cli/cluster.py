@@ -140,10 +140,14 @@ def status(
 
     if not watch:
         info = api.status(name)
+        hours = _hours(name)  # the hours held since `up` and the share busy
         if json_:
-            console.print_json(info)
+            console.print_json({**info, "hours": hours})
         else:
             console.out().print(status_view(info))
+            if hours is not None:
+                held = f"{hours['held'] / 3600:.3g} core-h held since up"
+                typer.echo(f"hours: {held}, {hours['share_busy']:.0%} busy")
         return
     from rich.live import Live
 
@@ -158,6 +162,20 @@ def status(
             shown += 1
             if not count or shown < count:
                 time.sleep(interval)
+
+
+def _hours(name: str) -> dict[str, float] | None:
+    """:func:`~clusterkit.runners.hpo.account.cluster_hours` of a cluster; None where its
+    scheduler does not answer."""
+    from clusterkit import api
+    from clusterkit.client import connect
+    from clusterkit.runners.hpo.account import cluster_hours
+
+    try:
+        with connect(api.get_record(name)) as client:
+            return cluster_hours(client)
+    except Exception:  # status shows what it can; the hours are a part of it
+        return None
 
 
 def scale(

@@ -198,6 +198,37 @@ def worker_slots(info: Mapping[str, Any], resources: Mapping[str, float] | None)
     return float(info.get("nthreads", 1))
 
 
+def cluster_hours(client: Any) -> dict[str, float]:
+    """A cluster's hours since its scheduler started (``up``): ``held``, its workers' thread-
+    seconds (from the scheduler's add and remove events), ``busy``, the thread-seconds its tasks
+    computed, and ``share_busy``; ``since``, the scheduler's start."""
+    found = client.run_on_scheduler(held_and_busy)
+    found["share_busy"] = found["busy"] / found["held"] if found["held"] > 0 else 0.0
+    return found
+
+
+def held_and_busy(dask_scheduler: Any) -> dict[str, float]:
+    """Run on the scheduler: :func:`cluster_hours`' figures. A worker that left counts the mean
+    threads of those there now; one whose join fell out of the event log, from the start."""
+    now, since = time.time(), float(dask_scheduler.time_started)
+    threads = {address: ws.nthreads for address, ws in dask_scheduler.workers.items()}
+    mean = sum(threads.values()) / len(threads) if threads else 1.0
+    joined: dict[str, float] = {}
+    held = 0.0
+    for stamp, msg in dask_scheduler.get_events("all"):
+        action, worker = (
+            (msg.get("action"), msg.get("worker")) if isinstance(msg, dict) else ("", "")
+        )
+        if action == "add-worker" and worker:
+            joined[worker] = stamp
+        elif action == "remove-worker" and worker in joined:
+            held += (stamp - joined.pop(worker)) * mean
+    held += sum((now - joined.get(w, since)) * n for w, n in threads.items())
+    prefixes = dask_scheduler.task_prefixes.values()
+    busy = sum(prefix.all_durations.get("compute", 0.0) for prefix in prefixes)
+    return {"since": since, "held": held, "busy": float(busy)}
+
+
 async def job_start() -> tuple[str, float] | None:
     """Run on a worker (``client.run``): its batch job's id and start, as the batch system
     reports it (SLURM: ``squeue -o %S``); None outside a batch job, or when the batch system
