@@ -86,11 +86,11 @@ def two_lifetimes() -> Iterator[tuple[object, str]]:
     "long", with no end; and the short one's address."""
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
-    short = {"nthreads": 1, "lifetime": SHORT_LIFETIME, "lifetime_stagger": 0}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    short = {"host": "127.0.0.1", "nthreads": 1, "lifetime": SHORT_LIFETIME, "lifetime_stagger": 0}
     workers = {
         "short": {"cls": Nanny, "options": short},
-        "long": {"cls": Nanny, "options": {"nthreads": 1}},
+        "long": {"cls": Nanny, "options": {"host": "127.0.0.1", "nthreads": 1}},
     }
     with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)

@@ -13,9 +13,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clusterkit.runners.hpo.driver import run
     from clusterkit.runners.hpo.gang_rank import rank_context
+    from clusterkit.runners.hpo.preemption import (
+        TrialInterrupted,
+        checkpoint_dir,
+        should_checkpoint,
+    )
     from clusterkit.runners.hpo.records import best_summary
 
-__all__ = ["best_summary", "rank_context", "run"]
+__all__ = [
+    "TrialInterrupted",
+    "best_summary",
+    "checkpoint_dir",
+    "rank_context",
+    "run",
+    "should_checkpoint",
+]
+#: Names a trial uses on its worker: loaded without the driver.
+_IN_TRIALS = ("TrialInterrupted", "checkpoint_dir", "should_checkpoint")
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from clusterkit.runners.hpo.gang_rank import rank_context
 
         return rank_context
+    if name in _IN_TRIALS:
+        from clusterkit.runners.hpo import preemption
+
+        return getattr(preemption, name)
     if name in __all__:
         from clusterkit.runners.hpo import driver
 

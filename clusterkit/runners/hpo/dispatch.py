@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput, ClusterkitError
 from clusterkit.runners.hpo import walltime
+from clusterkit.runners.hpo.preemption import TrialInterrupted, lead, worker_times
 
 if TYPE_CHECKING:
     import optuna
@@ -89,10 +91,11 @@ def check_cluster(client: Client, done: int, n_trials: int) -> None:
 
 
 def is_lost_worker(error: BaseException) -> bool:
+    """The cluster ended the trial's task (its worker died or is ending): run it again."""
     from distributed.comm.core import CommClosedError
     from distributed.scheduler import KilledWorker
 
-    return isinstance(error, KilledWorker | CommClosedError | OSError) or (
+    return isinstance(error, KilledWorker | CommClosedError | OSError | TrialInterrupted) or (
         type(error).__name__ in {"CancelledError", "FutureCancelledError"}
     )
 
@@ -145,25 +148,6 @@ def log_stall(client: Client, keys: list[Any], quiet: float) -> None:
     )
 
 
-def worker_end(dask_worker: Any) -> float | None:
-    """Run on a worker (``client.run``): its end, a ``time.time()`` stamp, from its ``lifetime``
-    (dask-jobqueue sets it from the job's walltime less the profile's margin; Kubernetes and
-    local workers have none: None). Read off the lifetime's timer, else the process's start."""
-    import time
-
-    lifetime = getattr(dask_worker, "lifetime", None)
-    if not lifetime:
-        return None
-    loop = dask_worker.io_loop.asyncio_loop
-    for handle in list(getattr(loop, "_scheduled", ())):  # asyncio's timers (not uvloop's)
-        call = handle._args[0] if handle._args else None
-        if getattr(call, "func", None) == dask_worker.close_gracefully:
-            return time.time() + handle.when() - loop.time()
-    import psutil
-
-    return float(psutil.Process().create_time() + lifetime)
-
-
 class WalltimeGuard:
     """Walltime-aware placement in the loop (:mod:`.walltime` decides): the workers' ends, the
     trials' likely duration, and the retirement of workers with too little left."""
@@ -178,6 +162,9 @@ class WalltimeGuard:
         self.ends: dict[str, float | None] = {}
         self.live: set[str] | None = None  # the scheduler's workers, as last seen (the loop's)
         self.retiring: set[str] = set()
+        self.lead = lead()  # the user's lead (None: each worker's), :mod:`.preemption`
+        self.ending_from: dict[str, float] = {}  # when each worker with an end counts as ending
+        self.asking: set[str] = set()  # workers asked for their ends, no answer yet
 
     @property
     def bounded(self) -> bool:
@@ -191,30 +178,54 @@ class WalltimeGuard:
             self.need = walltime.likely_duration(self.durations, self.hint)
 
     def refresh(self) -> None:
-        """Ask new workers for their ends (only once a duration is known: no cost before)."""
-        if self.need is None:
-            return
+        """Ask workers new since the last time for their ends: before the loop has seen the
+        workers (its first trials), at once; later in the background, since a worker that just
+        left would hold the loop for a connect timeout."""
         live = self.live
         if live is None:
             live = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        new = [w for w in live if w not in self.ends]
-        if new:
-            ends = self.client.run(worker_end, workers=new, on_error="return")
-            self.ends.update({w: e for w, e in ends.items() if not isinstance(e, Exception)})
+            self._ask_ends([w for w in live if w not in self.ends])
+            return
         for gone in set(self.ends) - live:
             del self.ends[gone]
+            self.ending_from.pop(gone, None)
+        new = [w for w in live if w not in self.ends and w not in self.asking]
+        if new:
+            self.asking.update(new)
+            threading.Thread(target=self._ask_ends, args=(new,), daemon=True).start()
+
+    def _ask_ends(self, workers: list[str]) -> None:
+        try:
+            times = self.client.run(worker_times, self.lead, workers=workers, on_error="return")
+        except Exception as error:  # the cluster is going: the loop hears of it by itself
+            logger.debug("could not ask %s for their ends: %s", workers, error)
+            times = {}
+        for worker, answer in times.items():
+            if isinstance(answer, Exception):
+                continue
+            self.ends[worker] = None if answer is None else answer[0]
+            if answer is not None:
+                self.ending_from[worker] = answer[1]
+        self.asking.difference_update(workers)
 
     def restrictions(self, inflight: Any) -> dict[str, Any]:
         """``client.submit``'s keywords placing the next trial (none: anywhere), given the
         :class:`Attempt` s in flight; retires the idle workers with too little left for any.
-        Loose: if the listed workers are gone, another (a fresh job) takes the trial."""
-        if not self.bounded:
+        A worker within its checkpoint lead (:mod:`.preemption`) takes no new trial. Loose: if
+        the listed workers are gone, another (a fresh job) takes the trial."""
+        if all(end is None for end in self.ends.values()):
             return {}
         import time
 
+        start = time.time() + START_DELAY
+        ending = {w for w, at in self.ending_from.items() if at <= start}
+        ends = {w: e for w, e in self.ends.items() if w not in self.retiring and w not in ending}
+        left = walltime.seconds_left(ends, start)
+        if not left:  # every worker is ending: the fresh jobs that replace them take it
+            return {}
+        if not self.bounded:
+            return {"workers": sorted(left), "allow_other_workers": True} if ending else {}
         busy = {attempt.workers[-1] for attempt in inflight if attempt.workers}
-        ends = {w: e for w, e in self.ends.items() if w not in self.retiring}
-        left = walltime.seconds_left(ends, time.time() + START_DELAY)
         placement = walltime.place(left, busy, self.need)
         if placement.retire:
             self._retire(placement.retire)

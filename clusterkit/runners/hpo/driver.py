@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.runners.hpo import gangs, inputs, records, report
+from clusterkit.runners.hpo import gangs, inputs, preemption, records, report
 from clusterkit.runners.hpo.callbacks import Callback, InOrder
 from clusterkit.runners.hpo.dispatch import check_resources, slots
 from clusterkit.runners.hpo.gangs import GangOptions, RanksPerTrial
@@ -99,13 +99,13 @@ def run(
         its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None:
         off. Ranks per trial (an int, or a function of the parameters sampled so far): above 1
         a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread"; an fsspec
-        URL or path for the gangs' checkpoints (a folder per trial).
+        URL or path for trials' checkpoints, a folder per trial (:mod:`.preemption`).
     """
     inputs.check_counts(n_trials, max_retries, lookahead)  # the client: get_client() by default
     study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
     client = client or _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
-    objective, gang, warm = _in_place(client, objective, workdir, gangs_of)
+    objective, gang, warm = _in_place(client, objective, workdir, gangs_of, checkpoint_dir)
     _check_workers(client, resources)
     settings = (n_trials, resources, max_retries, tuple(catch), timeout, trial_walltime, progress)
     _search(study, client, objective, (*settings, gang), out, warm, lookahead, callbacks)
@@ -152,18 +152,25 @@ def _check_workers(client: Client, resources: Mapping[str, float] | None) -> Non
 
 
 def _in_place(
-    client: Client, objective: Any, workdir: Any, gang: GangOptions | None
+    client: Client,
+    objective: Any,
+    workdir: Any,
+    gang: GangOptions | None,
+    checkpoint_dir: str | None,
 ) -> tuple[Any, GangOptions | None, Warmup | None]:
-    """The objective made to run in the project; with gangs, the project shipped for their
-    ranks to enter, as the training runner's do (the objective itself is sent as it is); the
-    warm-up started, if any."""
+    """The objective made to run in the project (with its trials' checkpoint folder and
+    notice of their worker's end, :mod:`.preemption`); with gangs, the project shipped for
+    their ranks to enter, as the training runner's do (the objective itself is sent as it is);
+    the warm-up started, if any."""
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.workdir import in_project, resolve, ship
 
     project = resolve(workdir, objective)
     if gang is None:  # the workers import while the project ships and the loop starts
         warm = warmup.start(client, objective, project)
-        return in_project(client, objective, project), None, warm
+        shipped = in_project(client, objective, project)
+        folder = _absolute(checkpoint_dir)
+        return preemption.Resumable(shipped, folder, preemption.lead()), None, warm
     gang.project = project
     if gang.project is not None:
         ship(client, gang.project)

@@ -16,8 +16,9 @@ from optuna.distributions import distribution_to_json
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
-from clusterkit.runners.hpo import cores, warmup
+from clusterkit.runners.hpo import cores, preemption, warmup
 from clusterkit.runners.hpo.mirror import TrialView, mirror_for
+from clusterkit.runners.hpo.preemption import TrialInterrupted
 
 #: How long a worker waits for the driver's pruning decision before failing the trial.
 PRUNE_REPLY_TIMEOUT = 300.0
@@ -101,11 +102,12 @@ def run_trial(
     channel = Channel(topic, number, attempt)
     mirror = mirror_for(topic)
     since, changes = pickle.loads(delta_blob)
-    if not mirror.update(since, changes, base):
+    objective = _load_objective(objective_blob)
+    ending = preemption.hold_if_ending(channel.worker, getattr(objective, "lead", 0.0))
+    if ending or not mirror.update(since, changes, base):  # stale: (its worker is) gone
         return {"stale": True, "number": number, "worker": channel.worker.address}
     start = time.time()
     channel.send("start", worker=channel.worker.address, time=start, version=mirror.version)
-    objective = _load_objective(objective_blob)
     sampler = pickle.loads(sampler_blob)
     storage = TrialView(
         mirror, mirror.trials[number], study_name, directions, channel.forward_write
@@ -119,6 +121,8 @@ def run_trial(
         record["values"] = result
     except optuna.TrialPruned:
         record["state"] = TrialState.PRUNED.name
+    except TrialInterrupted:  # checkpointed, its worker ending: the driver runs it again
+        raise
     except Exception as error:
         record["state"] = TrialState.FAIL.name
         record["error"] = "".join(traceback.format_exception_only(type(error), error)).strip()
@@ -129,18 +133,22 @@ def run_trial(
             record["exception"] = None
     finally:
         channel.close()
-    frozen = storage.own
-    record.update(
-        params={k: frozen.distributions[k].to_internal_repr(v) for k, v in frozen.params.items()},
-        distributions={k: distribution_to_json(d) for k, d in frozen.distributions.items()},
-        intermediate={int(k): float(v) for k, v in frozen.intermediate_values.items()},
-        user_attrs=dict(frozen.user_attrs),
-        worker=channel.worker.address,
-        start=start,
-        end=time.time(),
-    )
+    record.update(_written(storage.own), worker=channel.worker.address, start=start)
+    record["end"] = time.time()
     _send_result(channel, record)
     return record
+
+
+def _written(frozen: FrozenTrial) -> dict[str, Any]:
+    """What the trial wrote: its parameters, their distributions, intermediate values and
+    user attributes, as the driver's record of it carries them."""
+    internal = {k: frozen.distributions[k].to_internal_repr(v) for k, v in frozen.params.items()}
+    return {
+        "params": internal,
+        "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
+        "intermediate": {int(k): float(v) for k, v in frozen.intermediate_values.items()},
+        "user_attrs": dict(frozen.user_attrs),
+    }
 
 
 def _plain(values: Any) -> float | list[float]:

@@ -1,0 +1,114 @@
+"""Trials that outlive their worker (:mod:`clusterkit.runners.hpo.preemption`): an objective
+that asks ``hpo.should_checkpoint()`` saves in ``hpo.checkpoint_dir(trial)`` and raises
+``hpo.TrialInterrupted`` as its worker's lifetime nears its end; the trial runs again on a
+worker with time left and resumes from the checkpoint, not from its start."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dask
+import optuna
+import pytest
+
+from clusterkit.runners import hpo
+from clusterkit.runners.hpo import inputs
+from clusterkit.runners.hpo.records import NoTrialCompleted
+
+LIFETIME = 14.0  # seconds: the short-lived worker's (a batch job's walltime less its margin)
+LEAD = 3.0  # seconds before its end a worker's trials checkpoint
+STEPS, STEP_SECONDS = 32, 0.5  # 16 s of work a trial: longer than the short worker's life
+
+
+@pytest.fixture
+def short_and_long() -> Iterator[object]:
+    """A client on two one-thread workers: "short", which ends LIFETIME seconds after its
+    start (its batch job's walltime), and "long", with no end."""
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    short = {"host": "127.0.0.1", "nthreads": 1, "lifetime": f"{LIFETIME}s", "lifetime_stagger": 0}
+    workers = {
+        "short": {"cls": Nanny, "options": short},
+        "long": {"cls": Nanny, "options": {"host": "127.0.0.1", "nthreads": 1}},
+    }
+    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        yield client
+
+
+def stepwise(trial: optuna.Trial) -> float:
+    """STEPS steps of x**2 / STEPS each; its state saved when its worker is ending."""
+    x = trial.suggest_float("x", -1.0, 1.0)
+    saved = hpo.checkpoint_dir(trial) / "state.json"
+    step, total = json.loads(saved.read_text()) if saved.exists() else (0, 0.0)
+    if step:
+        trial.set_user_attr("resumed_at", [*trial.user_attrs.get("resumed_at", []), step])
+    while step < STEPS:
+        if hpo.should_checkpoint():
+            saved.write_text(json.dumps([step, total]))
+            raise hpo.TrialInterrupted(f"saved at step {step}")
+        time.sleep(STEP_SECONDS)
+        total += x * x / STEPS
+        step += 1
+    return total
+
+
+@pytest.mark.local
+@pytest.mark.timeout(240)
+def test_a_trial_resumes_from_its_checkpoint_after_its_worker_ends(
+    short_and_long: object, tmp_path: Path
+) -> None:
+    with dask.config.set({"clusterkit.checkpoint-lead": LEAD}):
+        study = hpo.run(
+            stepwise,
+            n_trials=2,
+            client=short_and_long,  # type: ignore[arg-type]
+            storage=optuna.storages.InMemoryStorage(),
+            progress=False,
+            checkpoint_dir=str(tmp_path / "checkpoints"),
+            max_retries=6,
+            workdir=None,
+        )
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2
+    for trial in trials:  # the sum of its steps, whichever workers ran them
+        assert trial.value == pytest.approx(trial.params["x"] ** 2)
+    resumed = {t.number: t.user_attrs["resumed_at"] for t in trials if "resumed_at" in t.user_attrs}
+    assert len(resumed) == 1, "the trial on the short worker did not outlive it"
+    for number, steps in resumed.items():  # each resume picked up where the last one saved
+        assert all(0 < s < STEPS for s in steps) and steps == sorted(steps), (number, steps)
+        assert study.trials[number].user_attrs[inputs.ATTR_ATTEMPTS] == len(steps) + 1
+    saved = sorted(p.parent.name for p in (tmp_path / "checkpoints").glob("*/state.json"))
+    assert saved == [f"trial-{number}" for number in resumed]
+
+
+@pytest.mark.unit
+def test_outside_a_trial_nothing_is_ending_and_there_is_no_checkpoint_dir() -> None:
+    assert hpo.should_checkpoint() is False
+    with pytest.raises(RuntimeError, match="outside a trial"):
+        hpo.checkpoint_dir()
+
+
+@pytest.mark.local
+def test_without_a_checkpoint_dir_the_trial_fails_with_how_to_set_it(tmp_path: Path) -> None:
+    from distributed import Client, LocalCluster
+
+    def needs_a_folder(trial: optuna.Trial) -> float:
+        hpo.checkpoint_dir(trial)
+        return 0.0
+
+    cluster = LocalCluster(n_workers=1, processes=False, dashboard_address=":0")
+    refused = pytest.raises(NoTrialCompleted, match="checkpoint_dir=")
+    with cluster, Client(cluster) as client, refused:
+        hpo.run(
+            needs_a_folder,
+            n_trials=1,
+            client=client,
+            storage=optuna.storages.InMemoryStorage(),
+            progress=False,
+            workdir=None,
+        )
