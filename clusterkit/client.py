@@ -189,11 +189,18 @@ def _own(client: Client, started: Any, directory: Path | None) -> None:
 
     distributed has no public way to hand a client its cluster: it closes ``client.cluster``
     on ``close()`` only when the client was started without an address, which it remembers in
-    ``_start_arg``. Setting that (the one private attribute used here) gives the same
-    behaviour; the finalizer then stops what the backend started (for Kubernetes, deletes the
-    DaskCluster), also when the client is never closed and the process exits.
+    ``_start_arg``. Setting that gives the same behaviour; the finalizer then stops what the
+    backend started (for Kubernetes, deletes the DaskCluster), also when the client is never
+    closed and the process exits. The client closes the cluster inside the cluster's event
+    loop, where distributed leaves the cluster's own hold on that loop: it is let go here, so
+    the client's close ends the loop thread (else the garbage collector did, from whatever
+    thread collected, under distributed's class-wide ``LoopRunner`` lock: a cluster starting
+    in another thread then waited 10 s and failed).
     """
     client._start_arg = None
+    runner = getattr(started.cluster, "_loop_runner", None)
+    if runner is not None and not client.asynchronous:
+        runner.stop()  # the client's hold keeps the loop running until it closes
     started.backend.own(started.cluster, started.profile)
     weakref.finalize(client, _close_quietly, started)
     if directory is not None:

@@ -278,6 +278,27 @@ def test_embedded_cluster_closes_with_client(tmp_path: Path) -> None:
     assert cluster.status.name == "closed"
 
 
+def test_closing_an_embedded_client_ends_its_event_loop(tmp_path: Path) -> None:
+    """Once the client is closed, its cluster's event loop thread is gone, not left for the
+    garbage collector: that ended it from whatever thread collected, under distributed's
+    class-wide LoopRunner lock, so a LocalCluster starting in another thread could wait 10 s
+    and fail (``assert loop is not None``)."""
+    import gc
+    import threading
+
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "loop")
+    before = set(threading.enumerate())
+    gc.disable()  # the collector must not be what ends the loop
+    try:
+        client = clusterkit.get_client(path)
+        assert client.submit(sum, [1, 2]).result() == 3
+        client.close()
+        left = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    finally:
+        gc.enable()
+    assert "IO loop" not in left, left
+
+
 def test_a_dashboard_off_profile_never_asks_for_8787(tmp_path: Path) -> None:
     """The scheduler's HTTP server (health, metrics) goes to port 0 with the dashboard off:
     with 8787 taken, no 'Port 8787 is already in use' warning reaches the user."""
