@@ -47,6 +47,9 @@ class TrialInterrupted(Exception):
     """Raised by an objective once it saved its checkpoint because its worker is ending: the
     trial runs again, on another worker, and resumes from the checkpoint."""
 
+    def __init__(self, message: str = "saved a checkpoint: its worker is ending") -> None:
+        super().__init__(message)
+
 
 @dataclass(frozen=True)
 class TrialContext:
