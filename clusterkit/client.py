@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
+#: Seconds of the first connection attempt to a supervised cluster (the rest of the timeout
+#: follows unless the connection was refused).
+FIRST_ATTEMPT = 2.0
+#: Seconds between checks that the cluster of a client that lost its scheduler still exists.
+WATCH_EVERY = 0.5
 _QUIET_AT_EXIT = False
 ProfileRef = Any  # a profile name, a path to a profile file, a loaded profile, or None
 
@@ -117,10 +122,79 @@ def get_client(profile: ProfileRef = None, *, timeout: float = DEFAULT_TIMEOUT) 
 
 
 def connect(record: ClusterRecord, *, timeout: float = 30) -> Client:
-    """A plain Client to a live record's scheduler (re-attaching DETACHED backends)."""
+    """A plain Client to a live record's scheduler (re-attaching DETACHED backends).
+
+    A supervised cluster's scheduler never comes back at its address once it is gone: one that
+    refuses the connection raises ClusterNotFound at once, instead of distributed retrying for
+    the whole ``timeout``. The client stops reconnecting once the record is gone or dead.
+    """
+    import time
+
     from clusterkit.backends.base import attach
 
-    return attach(record, timeout=timeout)
+    if record.pid is None:  # Kubernetes restarts a scheduler behind the same address
+        client = attach(record, timeout=timeout)
+    else:
+        began = time.monotonic()
+        try:
+            client = attach(record, timeout=min(FIRST_ATTEMPT, timeout))
+        except OSError:
+            left = timeout - (time.monotonic() - began)
+            if _refuses(record.address):
+                from clusterkit.errors import ClusterNotFound
+
+                raise ClusterNotFound(
+                    f"cluster '{record.name}' does not answer: its scheduler at "
+                    f"{record.address} refuses connections",
+                    hint=f"`clusterkit down {record.name}` removes what is left of it",
+                ) from None
+            if left <= 0:
+                raise
+            client = attach(record, timeout=left)  # a slow scheduler: the rest of the time
+    _stop_reconnecting_when_gone(client, record)
+    return client
+
+
+def _refuses(address: str) -> bool:
+    """Whether nothing listens at a scheduler's TCP address: a bare connection is refused."""
+    import socket
+
+    from distributed.comm.addressing import get_address_host_port
+
+    try:
+        socket.create_connection(get_address_host_port(address), timeout=FIRST_ATTEMPT).close()
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):  # unreachable for now, or not a TCP address
+        return False
+    return False
+
+
+def _stop_reconnecting_when_gone(client: Client, record: ClusterRecord) -> None:
+    """A client that lost its scheduler retries for its whole timeout; once the cluster's record
+    is gone or dead (`down`, a supervisor killed) there is nothing to come back: close it, so
+    whoever waits on it (a search, ``scale``) hears at once."""
+    import threading
+    import time
+
+    from clusterkit import state
+
+    reference = weakref.ref(client)
+
+    def gone() -> bool:
+        current = state.read_record(record.name)
+        return current is None or current.address != record.address or not state.is_live(current)
+
+    def watch() -> None:
+        while (watched := reference()) is not None and watched.status != "closed":
+            if watched.status == "connecting" and gone():
+                with contextlib.suppress(Exception):
+                    watched.close()
+                return
+            del watched
+            time.sleep(WATCH_EVERY)
+
+    threading.Thread(target=watch, daemon=True, name=f"watch-{record.name}").start()
 
 
 def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit import state
 from clusterkit.backends.base import Backend, backend_for
-from clusterkit.errors import ClusterStartError
+from clusterkit.errors import ClusterkitError, ClusterStartError
 from clusterkit.security import ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
 
@@ -143,12 +144,17 @@ class Claim:
             state.record_path(self.record.name).unlink(missing_ok=True)
 
 
-def wait_for_workers(cluster: Any, minimum: int, deadline: float) -> None:
-    """Block until ``minimum`` workers joined, or raise ClusterStartError at the deadline."""
+def wait_for_workers(
+    cluster: Any, minimum: int, deadline: float, stopping: threading.Event | None = None
+) -> None:
+    """Block until ``minimum`` workers joined, or raise ClusterStartError at the deadline
+    (ClusterkitError once ``stopping`` is set: a `down` of a cluster still starting)."""
     while True:
         joined = len(cluster.scheduler_info.get("workers", {}))
         if joined >= minimum:
             return
+        if stopping is not None and stopping.is_set():
+            raise ClusterkitError(f"stopped while starting ({joined} of {minimum} workers)")
         if time.monotonic() > deadline:
             raise ClusterStartError(
                 f"{joined} of {minimum} workers joined before the start timeout",
@@ -173,9 +179,10 @@ def start_cluster(
     security_dir: Path | None,
     claim: Claim | None = None,
     prepared: ClusterSecurity | None = None,
+    stopping: threading.Event | None = None,
 ) -> Started:
     """Prepare security (unless ``prepared``), create the cluster, wait for its minimum
-    workers, start adapting.
+    workers (or until ``stopping`` is set), start adapting.
 
     On any failure, the backend's evidence is collected (its first line joins the message),
     everything that started is torn down, and ClusterStartError is raised. A ``claim`` gets
@@ -194,7 +201,7 @@ def start_cluster(
     try:
         if claim is not None:
             claim.created(cluster)
-        wait_for_workers(cluster, profile.min_workers, deadline)
+        wait_for_workers(cluster, profile.min_workers, deadline, stopping)
         adapt = profile.adapt_spec
         if adapt is not None:
             started.adapt(adapt.minimum, adapt.maximum)

@@ -35,6 +35,9 @@ PROFILE_NAME = "profile.json"
 #: Seconds between checks that the scheduler still answers, and how long it may not.
 PING_INTERVAL = 3.0
 SCHEDULER_LOST = 15.0
+#: The connect timeout of the close's RPCs once the scheduler no longer answers.
+CONNECT_TIMEOUT = "distributed.comm.timeouts.connect"
+GONE_CONNECT = "1s"
 
 
 def log_tail(directory: Path, lines: int = 15) -> list[str]:
@@ -91,6 +94,7 @@ class Supervisor:
                 security_dir=self.directory,
                 claim=claim,
                 prepared=self.security,
+                stopping=self.stopping,  # SIGTERM (`down`) mid-start: tear down, don't wait
             )
         except BaseException:
             if claim is not None:  # torn down already; a claim left means this process died
@@ -159,8 +163,14 @@ class Supervisor:
 
     def close(self) -> None:
         if self.started is not None:
+            import dask
+
+            # a scheduler that is gone would hold each of the close's RPCs (retiring the
+            # workers, terminating it) for the whole connect timeout, 30 s by default
+            gone = not _answers(self.started.cluster)
             try:
-                self.started.close()
+                with dask.config.set({CONNECT_TIMEOUT: GONE_CONNECT} if gone else {}):
+                    self.started.close()
             except Exception:
                 logger.exception("closing the cluster failed")
         state.remove_cluster(self.name)

@@ -1,0 +1,51 @@
+"""A cluster that is gone is noticed at once: a client of a `down` cluster closes instead of
+reconnecting, a connection to a scheduler that died is refused with the cluster named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import clusterkit
+from clusterkit import api
+from clusterkit.client import connect
+from clusterkit.errors import ClusterNotFound
+
+pytestmark = pytest.mark.local
+
+PROFILE = "backend: local\nworkers: 1\nscheduler: {dashboard: false}\n"
+
+
+def test_a_client_of_a_cluster_taken_down_closes_instead_of_reconnecting(
+    tmp_path: Path,
+) -> None:
+    """distributed retries a lost scheduler for the client's whole timeout (here 300 s)."""
+    (tmp_path / "gone.yaml").write_text(PROFILE)
+    api.up(tmp_path / "gone.yaml")
+    client = clusterkit.get_client("gone", timeout=300)
+    try:
+        api.down("gone")
+        deadline = time.monotonic() + 60
+        while client.status != "closed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.status == "closed"
+    finally:
+        client.close()
+
+
+def test_a_scheduler_that_died_refuses_with_the_cluster_named(tmp_path: Path) -> None:
+    (tmp_path / "died.yaml").write_text(PROFILE)
+    record = api.up(tmp_path / "died.yaml")
+    assert record.pid is not None
+    try:
+        os.kill(record.pid, signal.SIGKILL)  # the scheduler runs in the supervisor
+        psutil.wait_procs([psutil.Process(record.pid)], timeout=10)
+        with pytest.raises(ClusterNotFound, match=r"'died' does not answer.*refuses connections"):
+            connect(record, timeout=300)
+    finally:
+        api.down("died")
