@@ -148,18 +148,20 @@ def _resource_tracker() -> None:
     resource_tracker.ensure_running()
 
 
-@pytest.fixture
-def client() -> Iterator[object]:
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[object]:
     """Two workers: one gang at a time, so every trial after the first reuses its processes."""
-    from distributed import Client, LocalCluster
+    from tests.clusters import local_client
 
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as connected,
-    ):
-        connected.wait_for_workers(2, timeout=60)
+    with local_client(2, dashboard=True) as connected:
+        yield connected
+
+
+@pytest.fixture
+def client(cluster: object) -> Iterator[object]:
+    from tests.clusters import as_new
+
+    with as_new(cluster, rank_processes=True) as connected:
         yield connected
 
 
