@@ -112,3 +112,14 @@ def test_without_a_checkpoint_dir_the_trial_fails_with_how_to_set_it(tmp_path: P
             progress=False,
             workdir=None,
         )
+
+
+@pytest.mark.unit
+def test_the_folder_is_per_trial_and_a_url_stays_a_url(tmp_path: Path) -> None:
+    from clusterkit.runners.hpo.preemption import trial_context
+
+    with trial_context(7, str(tmp_path), None):
+        assert hpo.checkpoint_dir() == tmp_path / "trial-7" and (tmp_path / "trial-7").is_dir()
+        assert hpo.should_checkpoint() is False  # not in a Dask worker's task
+    with trial_context(7, "s3://bucket/runs/", None):
+        assert hpo.checkpoint_dir() == "s3://bucket/runs/trial-7"

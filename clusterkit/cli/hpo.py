@@ -33,7 +33,9 @@ def hpo(
         1, "--ranks-per-trial", help="DDP ranks per trial (torchrun env), slots reserved together."
     ),
     checkpoint_dir: str = typer.Option(
-        None, "--checkpoint-dir", help="Multi-rank trials' checkpoints: URL or path, per trial."
+        None,
+        "--checkpoint-dir",
+        help="Trials' checkpoints: a folder per trial, under this path or URL.",
     ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
     trial_walltime: float = TRIAL_WALLTIME,

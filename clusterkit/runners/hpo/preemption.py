@@ -161,10 +161,11 @@ def should_checkpoint() -> bool:
     return ending_reason(worker, context.lead) is not None
 
 
-def checkpoint_dir(trial: Any = None) -> Path:
-    """This trial's checkpoint folder, ``DIR/trial-N`` under the search's ``checkpoint_dir``
-    (made if missing): every attempt of trial N finds there what an earlier one saved.
-    ``trial``: the Optuna trial (its number), else the one running on this thread."""
+def checkpoint_dir(trial: Any = None) -> Any:
+    """This trial's checkpoint folder, ``DIR/trial-N`` under the search's ``checkpoint_dir``:
+    a ``Path``, made if missing, or for a URL (``s3://...``) the URL string, for fsspec. Every
+    attempt of trial N finds there what an earlier one saved. ``trial``: the Optuna trial (its
+    number), else the one running on this thread."""
     context = _context()
     number = getattr(trial, "number", None)
     if number is None and context is not None:
@@ -176,6 +177,8 @@ def checkpoint_dir(trial: Any = None) -> Path:
             "no checkpoint_dir for this search: pass checkpoint_dir= to hpo.run "
             "(--checkpoint-dir), a folder every worker can reach"
         )
+    if "://" in context.checkpoint_dir:
+        return f"{context.checkpoint_dir.rstrip('/')}/trial-{number}"
     folder = Path(context.checkpoint_dir) / f"trial-{number}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
