@@ -5,7 +5,7 @@ lifetime ends it; the jobs at the start were submitted at staggered times (worke
 i/64 of a job's length before the search), and each job that ends is replaced at once by a
 fresh one on the same slot (as ``adapt`` or clusterkit's replacement of ended jobs does; no
 queue wait). ``--trials`` trials (1,000) with lognormal durations, mean ``--trial-hours`` (1 h),
-sigma ``--sigma`` (0.5), drawn once from ``--seed``: both sides run the very same trials. A
+sigma ``--sigma`` (0.5), drawn once from ``--seed``: every side runs the very same trials. A
 trial still running when its job ends is killed and run again from its start (no checkpoint);
 killed 1 + 2 times (``max_retries``), it fails.
 
@@ -13,7 +13,12 @@ killed 1 + 2 times (``max_retries``), it fails.
 - **aware**: the library's own policy decides, :func:`clusterkit.runners.hpo.walltime.place`
   with :func:`~clusterkit.runners.hpo.walltime.likely_duration` (p90 of the finished trials,
   the ``--hint`` until 3 finished): a trial starts only on workers it fits; idle workers with
-  too little left retire, their job ends early and a fresh one replaces it.
+  too little left retire, their job ends early and a fresh one replaces it;
+- **aware + checkpoint**: the same, with trials that outlive their worker
+  (:mod:`clusterkit.runners.hpo.preemption`): ``--lead`` (60 s) before its job's end a running
+  trial saves and stops (``should_checkpoint()``, ``TrialInterrupted``) and resumes on the next
+  free worker with what was left; the lead's seconds count as idle, nothing is lost. Each
+  resume counts as one of ``max_retries``, as in the library.
 
 Accounting, in slot-hours (GPU-hours): **held** is each job's time from the search's start (or
 the job's, if later) to its end (walltime, retirement, or the search's end, when every job is
@@ -49,6 +54,7 @@ class Site:
     aware: bool
     hint: float | None
     quantile: float = QUANTILE
+    lead: float | None = None  # checkpoints: seconds before a job's end a trial saves and stops
     now: float = 0.0
     ends: dict[int, float] = field(default_factory=dict)  # slot -> its job's end
     starts: dict[int, float] = field(default_factory=dict)  # slot -> its job's start (>= 0)
@@ -58,7 +64,8 @@ class Site:
     events: list[tuple[float, int, int, int]] = field(default_factory=list)  # when, kind, id, slot
     held = lost = 0.0
     tries: dict[int, int] = field(default_factory=dict)
-    kills = retired = runs = failed = 0
+    done: dict[int, float] = field(default_factory=dict)  # trial -> seconds saved by checkpoints
+    kills = retired = runs = failed = resumes = 0
 
     def start_job(self, slot: int, began: float) -> None:
         """A job on ``slot`` that began at ``began`` (before the search: staggered)."""
@@ -71,8 +78,13 @@ class Site:
         self.held += self.now - self.starts[slot]
         if slot in self.running:  # the walltime kills its trial: run again from its start
             trial, started, _ = self.running.pop(slot)
-            self.lost += self.now - started
-            self.kills += 1
+            saved = self.lead is not None and self.now - self.lead > started
+            if saved:  # it saved at the lead and stopped: resumes with what is left
+                self.done[trial] = self.done.get(trial, 0.0) + self.now - self.lead - started
+                self.resumes += 1
+            else:
+                self.lost += self.now - started
+                self.kills += 1
             self.tries[trial] = self.tries.get(trial, 1) + 1
             if self.tries[trial] <= 1 + MAX_RETRIES:
                 self.pending.appendleft(trial)
@@ -102,7 +114,7 @@ class Site:
             slot, trial = allowed[0], self.pending.popleft()
             self.runs += 1
             self.running[slot] = (trial, self.now, self.runs)
-            done = self.now + self.durations[trial]
+            done = self.now + self.durations[trial] - self.done.get(trial, 0.0)
             heapq.heappush(self.events, (done, TRIAL_END, self.runs, slot))
 
     def run(self, workers: int) -> float:
@@ -118,8 +130,8 @@ class Site:
                 if self.ends[slot] == when:  # not a retired job's old end
                     self.end_job(slot)
             elif slot in self.running and self.running[slot][2] == run:  # not a killed run's
-                _, started, _ = self.running.pop(slot)
-                self.finished.append(self.now - started)
+                trial, started, _ = self.running.pop(slot)
+                self.finished.append(self.now - started + self.done.get(trial, 0.0))
             self.dispatch()
         for slot in self.ends:  # the search is over: every job is cancelled
             self.held += self.now - self.starts[slot]
@@ -131,7 +143,7 @@ def row(name: str, site: Site, makespan: float) -> str:
     idle = held - finished - lost
     cells = [f"{held / HOUR:8.0f}"]
     cells += [f"{v / HOUR:8.0f} ({100 * v / held:4.1f} %)" for v in (finished, lost, idle)]
-    cells += [f"{site.kills:6d}", f"{site.failed:6d}", f"{site.retired:8d}"]
+    cells += [f"{site.kills:6d}", f"{site.resumes:7d}", f"{site.failed:6d}", f"{site.retired:8d}"]
     cells += [f"{makespan / HOUR:8.1f}"]
     return f"{name:<8}" + "  ".join(cells)
 
@@ -145,6 +157,7 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma")
     parser.add_argument("--hint", type=float, default=None, help="trial_walltime hint, hours")
     parser.add_argument("--quantile", type=float, default=QUANTILE, help="of finished trials")
+    parser.add_argument("--lead", type=float, default=60.0, help="checkpoint lead, seconds")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -156,12 +169,13 @@ def main() -> None:
         f"lognormal mean {args.trial_hours:g} h sigma {args.sigma:g}, seed {args.seed}; "
         f"slot-hours (share of held)"
     )
-    header = ["held", "finished", "lost (walltime)", "idle", "kills", "failed", "retired"]
-    header.append("makespan")
-    widths = [8, 17, 17, 17, 6, 6, 8, 8]
+    header = ["held", "finished", "lost (walltime)", "idle", "kills", "resumes", "failed"]
+    header += ["retired", "makespan"]
+    widths = [8, 17, 17, 17, 6, 7, 6, 8, 8]
     print(f"{'':<8}" + "  ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
-    for name, aware in (("naive", False), ("aware", True)):
-        site = Site(args.job_hours * HOUR, durations, aware, hint, args.quantile)
+    sides = (("naive", False, None), ("aware", True, None), ("+ckpt", True, args.lead))
+    for name, aware, lead in sides:
+        site = Site(args.job_hours * HOUR, durations, aware, hint, args.quantile, lead)
         print(row(name, site, site.run(args.workers)))
 
 
