@@ -32,8 +32,26 @@ def _resource_tracker() -> None:
     resource_tracker.ensure_running()
 
 
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[distributed.Client]:
+    """Two workers for the tests that do not kill or add workers."""
+    from tests.clusters import local_client
+
+    with local_client(2, dashboard=True) as connected:
+        yield connected
+
+
 @pytest.fixture
-def client() -> Iterator[distributed.Client]:
+def client(cluster: distributed.Client) -> Iterator[distributed.Client]:
+    from tests.clusters import as_new
+
+    with as_new(cluster, rank_processes=True) as connected:
+        yield connected
+
+
+@pytest.fixture
+def own_client() -> Iterator[distributed.Client]:
+    """A cluster of its own, for a test that kills a worker."""
     cluster = distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
     )
@@ -43,6 +61,18 @@ def client() -> Iterator[distributed.Client]:
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.fixture
+def threaded_client() -> Iterator[distributed.Client]:
+    """Two worker threads in this process, for a test that fails before any rank starts."""
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
 
 
 # ---------------------------------------------------------------- rank functions
@@ -247,7 +277,8 @@ def test_failing_rank_stops_the_group(client) -> None:
 
 
 @pytest.mark.parametrize("storage", [False, True], ids=["via-scheduler", "checkpoint-dir"])
-def test_killed_worker_restarts_from_checkpoint(client, tmp_path: Path, storage: bool) -> None:
+def test_killed_worker_restarts_from_checkpoint(own_client, tmp_path: Path, storage: bool) -> None:
+    client = own_client
     before = set(live_workers(client))
     where = str(tmp_path / "ckpt") if storage else None
     results = ddp.run(
@@ -264,7 +295,8 @@ def test_killed_worker_restarts_from_checkpoint(client, tmp_path: Path, storage:
     assert len(ports) == 2 and ports[0] != ports[1]  # a fresh port for the new group
 
 
-def test_killed_worker_without_restarts_fails(client) -> None:
+def test_killed_worker_without_restarts_fails(own_client) -> None:
+    client = own_client
     with pytest.raises(ddp.TrainingFailed) as info:
         ddp.run(resumable_fn, 6, client=client, max_restarts=0, timeout=120)
     assert info.value.rank in (0, 1)
@@ -286,7 +318,8 @@ def test_concurrent_runs_use_distinct_ports(client) -> None:
     assert results["a"][0]["master"][1] != results["b"][0]["master"][1]
 
 
-def test_too_few_workers_is_a_clear_error(client, monkeypatch) -> None:
+def test_too_few_workers_is_a_clear_error(threaded_client, monkeypatch) -> None:
+    client = threaded_client
     monkeypatch.setenv(ddp.WORKER_WAIT_ENV, "1")
     with pytest.raises(ClusterkitError, match="world size 3 needs 3 rank slots"):
         ddp.run(all_reduce_fn, 1.0, client=client, world_size=3)

@@ -54,6 +54,20 @@ def client(cluster: object) -> Iterator[object]:
         yield connected
 
 
+@pytest.fixture
+def threaded_client() -> Iterator[object]:
+    """Two worker threads in this process, for tests that end before any trial runs."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as local,
+        Client(local) as connected,
+    ):
+        yield connected
+
+
 class RecordingPruner(optuna.pruners.BasePruner):
     """Prunes above a threshold and records, in the driver process, what it was shown."""
 
@@ -160,13 +174,13 @@ def test_worker_killed_mid_trial(
     assert sum(t.state.name == "COMPLETE" for t in trials) == (6 if final == "COMPLETE" else 5)
 
 
-def test_gpu_request_without_gpu_workers_fails_fast(client: object) -> None:
+def test_gpu_request_without_gpu_workers_fails_fast(threaded_client: object) -> None:
     started = time.monotonic()
     with pytest.raises(BadInput, match=r"no worker advertises .*GPU=1"):
         hpo.run(
             pruned_objective,
             n_trials=2,
-            client=client,  # type: ignore[arg-type]
+            client=threaded_client,  # type: ignore[arg-type]
             storage=optuna.storages.InMemoryStorage(),
             resources={"GPU": 1},
             progress=False,
@@ -187,12 +201,12 @@ def objective(trial):
 
 
 def test_a_study_already_done_runs_nothing_and_says_so(
-    client: object, caplog: pytest.LogCaptureFixture
+    threaded_client: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     study = optuna.create_study(study_name="done")
     study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
     with caplog.at_level(logging.WARNING, logger="clusterkit.runners.hpo"):
-        hpo.run(lambda t: 0.0, n_trials=2, client=client, study=study, progress=False)
+        hpo.run(lambda t: 0.0, n_trials=2, client=threaded_client, study=study, progress=False)
     assert len(study.trials) == 3
     assert "study 'done' already holds 3 finished trials, n_trials is 2: nothing to run" in (
         caplog.text
