@@ -49,3 +49,38 @@ def test_a_scheduler_that_died_refuses_with_the_cluster_named(tmp_path: Path) ->
             connect(record, timeout=300)
     finally:
         api.down("died")
+
+
+def test_a_search_whose_cluster_is_taken_down_says_how_to_resume(tmp_path: Path) -> None:
+    """The search's client closes with its cluster; the loop's clean-up must not talk to it
+    (before: ``ClosedClientError`` from unsubscribing and cancelling hid this message)."""
+    import threading
+
+    import optuna
+
+    from clusterkit.errors import ClusterkitError
+    from clusterkit.runners import hpo
+
+    (tmp_path / "mid.yaml").write_text(PROFILE)
+    api.up(tmp_path / "mid.yaml")
+    client = clusterkit.get_client("mid", timeout=300)
+
+    def objective(trial: optuna.Trial) -> float:
+        time.sleep(0.2)
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    down = threading.Timer(3.0, api.down, args=("mid",))
+    down.start()
+    try:
+        with pytest.raises(ClusterkitError, match="lost the cluster mid-search"):
+            hpo.run(
+                objective,
+                n_trials=10_000,
+                client=client,
+                storage=optuna.storages.InMemoryStorage(),
+                progress=False,
+                workdir=None,
+            )
+    finally:
+        down.join()
+        client.close()

@@ -364,7 +364,7 @@ class Ledger:
     def close(self, client: Any = None) -> None:
         """The search ended: attempts still open are lost (a resume runs them again); no
         more of ``client``'s events."""
-        if client is not None:
+        if client is not None and client.status not in ("closing", "closed"):
             with contextlib.suppress(ValueError):  # never subscribed
                 client.unsubscribe_topic("all")
         self.until = time.time()

@@ -90,6 +90,22 @@ def check_cluster(client: Client, done: int, n_trials: int) -> None:
         )
 
 
+def is_open(client: Any) -> bool:
+    """The client still talks to its cluster (not closed with it: a ``down`` or a lost
+    scheduler closes it, and what the search would undo there is gone with it)."""
+    return getattr(client, "status", "running") not in ("closing", "closed")
+
+
+def unsubscribe(client: Any, topic: str) -> None:
+    if is_open(client):
+        client.unsubscribe_topic(topic)
+
+
+def cancel(client: Any, futures: list[Any], force: bool = False) -> None:
+    if futures and is_open(client):
+        client.cancel(futures, force=force)
+
+
 def is_lost_worker(error: BaseException) -> bool:
     """The cluster ended the trial's task (its worker died or is ending): run it again."""
     from distributed.comm.core import CommClosedError

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import BadInput
 from clusterkit.runners.ddp import placement as ddp_placement
-from clusterkit.runners.hpo import gangs, inputs, records
+from clusterkit.runners.hpo import dispatch, gangs, inputs, records
 from clusterkit.runners.hpo.dispatch import Attempt, lost_rank
 from clusterkit.runners.hpo.gangs import GangOptions
 from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
@@ -312,7 +312,7 @@ class GangLoop(SearchLoop):
         """On an early exit, end every gang and leave its trial for the next run to resume."""
         for attempt in self._running():
             self._fail_gang(attempt)
-            self.client.cancel(attempt.futures, force=True)
+            dispatch.cancel(self.client, attempt.futures, force=True)
         self.line.clear()
         if self.inflight:
             self.inflight.clear()

@@ -100,6 +100,7 @@ class SearchLoop:
 
         from clusterkit.runners.hpo.worker import run_trial
 
+        dispatch.check_cluster(self.client, self.done, self.n_trials)  # not on a closed client
         sampler = self.presample.sampler_for(trial_id)
         sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
         self._keys += 1
@@ -213,7 +214,7 @@ class SearchLoop:
                 self.overhead += time.perf_counter() - began
             self._show()  # the final state, not the last one shown while trials ran
         finally:
-            self.client.unsubscribe_topic(self.topic)
+            dispatch.unsubscribe(self.client, self.topic)
             self._abandon()
             self.ledger.close(self.client)
             flush_storage(self.storage)
@@ -388,8 +389,7 @@ class SearchLoop:
         """On an early exit, cancel what runs and leave it for the next run to resume."""
         if not self.inflight:
             return
-        for attempt in self.inflight.values():
-            attempt.future.cancel()
+        dispatch.cancel(self.client, [attempt.future for attempt in self.inflight.values()])
         self.inflight.clear()
         inputs.recover_orphans(self.study)
 
