@@ -104,7 +104,10 @@ def show_result(study: Any, folder: str, log: Path, as_json: bool) -> None:
 
 
 def result_document(study: Any, folder: str, log: Path) -> dict[str, Any]:
-    """``--json``'s document: the search's summary, its results folder and log."""
-    from clusterkit.runners.hpo import report
+    """``--json``'s document: the search's summary, its results folder and log, and the
+    account of its hours (None where none was written)."""
+    from clusterkit.runners.hpo import account, report
 
-    return {**report.summary(study), "results": str(folder), "log": str(log)}
+    spent = account.read(folder)
+    document = {**report.summary(study), "results": str(folder), "log": str(log)}
+    return {**document, "account": None if spent is None else spent.to_json()}
