@@ -53,20 +53,17 @@ def _resource_tracker() -> None:
     resource_tracker.ensure_running()
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[object]:
-    """Two workers for the module: its tests only run searches on them."""
-    from tests.clusters import local_client
-
-    with local_client(2) as connected:
-        yield connected
-
-
 @pytest.fixture
-def client(cluster: object) -> Iterator[object]:
-    from tests.clusters import as_new
+def client() -> Iterator[object]:
+    from distributed import Client, LocalCluster
 
-    with as_new(cluster) as connected:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as connected,
+    ):
+        connected.wait_for_workers(2, timeout=60)
         yield connected
 
 
@@ -173,9 +170,6 @@ def test_stdout_carries_the_best_trial_and_json_the_whole_result(
     assert document["best"]["seconds"] >= 0.3
     assert document["best_trials"][0]["number"] == study.best_trial.number
     assert document["results"] == "s-results"
-    spent = document["account"]  # the hours: slot-seconds held, and where they went
-    assert spent["unit"] == "core" and spent["held"] > 0
-    assert spent["finished"] > 0 and set(spent["trials"]) == {"3", "4"}  # this run's two
 
 
 def test_json_when_no_trial_completed_still_prints_the_document(
