@@ -170,6 +170,9 @@ def test_stdout_carries_the_best_trial_and_json_the_whole_result(
     assert document["best"]["seconds"] >= 0.3
     assert document["best_trials"][0]["number"] == study.best_trial.number
     assert document["results"] == "s-results"
+    spent = document["account"]  # the hours: slot-seconds held, and where they went
+    assert spent["unit"] == "core" and spent["held"] > 0
+    assert spent["finished"] > 0 and set(spent["trials"]) == {"3", "4"}  # this run's two
 
 
 def test_json_when_no_trial_completed_still_prints_the_document(
