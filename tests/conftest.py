@@ -75,13 +75,29 @@ ONE_PER_MACHINE = {
 
 @pytest.hookimpl(tryfirst=True)  # before xdist appends the group to the test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = bool(os.environ.get("PYTEST_XDIST_WORKER")) and config.getvalue("loadgroup")
     for item in items:
         _seen_tiers.update(_tiers_of(item))
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_parallel_group(item)))
+        if grouping:
+            _name_the_group(item)
+
+
+def _name_the_group(item: pytest.Item) -> None:
+    """The group into the test's id, which xdist's scheduler reads: xdist 3.8 writes it to
+    ``_nodeid``, which pytest 9 no longer reads (the id is ``_id``), so every test was its own
+    unit and the shared daemons' tests ran in both workers at once."""
+    from _pytest.nodeid import coerce_node_id
+
+    groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
+    if "@" not in item.nodeid:
+        item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")  # type: ignore[attr-defined]
 
 
 def _parallel_group(item: pytest.Item) -> str:
+    if item.get_closest_marker("gpu"):  # one GPU machine's GPUs: one test at a time
+        return "gpu"
     fixtures = getattr(item, "fixturenames", ())
     shared = sorted({ONE_PER_MACHINE[name] for name in fixtures if name in ONE_PER_MACHINE})
     return "+".join(shared) if shared else item.path.name
