@@ -130,12 +130,13 @@ SLEEP = 0.4
 
 
 def mixed_objective(trial: optuna.Trial) -> float:
-    """Completes, prunes (x < -0.5) or fails (x > 0.6), each after SLEEP seconds."""
+    """Completes, prunes (every 4th trial from #1) or fails (every 4th from #2), each after SLEEP
+    seconds: by the trial's number, so every outcome is there whatever the sampler draws."""
     x = trial.suggest_float("x", -1.0, 1.0)
     time.sleep(SLEEP)
-    if x < -0.5:
+    if trial.number % 4 == 1:
         raise optuna.TrialPruned()
-    if x > 0.6:
+    if trial.number % 4 == 2:
         raise ValueError("too large")
     return x * x
 

@@ -229,21 +229,6 @@ def test_runs_stop_keeps_finished_trials_and_leaves_the_cluster_up(
     assert api.get_record(name) is not None and api.status(name)["workers"]
 
 
-def test_down_stops_the_runs_on_its_cluster_first(
-    in_lab: tuple[str, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    name, _ = in_lab
-    run_id = runs.launch(
-        "hpo", ["search.py:objective", "-n", "500", "--study-name", "down", "-p", name]
-    )
-    _until("a finished trial", lambda: _done(run_id) >= 1)
-    assert _cli("down", name) == 0
-    err = capsys.readouterr().err
-    assert f"stopped run(s) on cluster '{name}' first: {run_id}" in err
-    assert err.index("stopped run(s)") < err.index(f"down {name}")
-    assert runs.show(run_id)["state"] == "stopped"
-
-
 def test_a_run_whose_cluster_died_is_shown_so_and_still_stops(
     in_lab: tuple[str, Path],
 ) -> None:
@@ -571,3 +556,18 @@ def test_a_spec_executed_in_this_process_shows_what_the_command_shows(
     assert out[1] == "results: here-results/ (report.html, trials.csv, *.png)"
     assert (root / "here-results" / "trials.csv").is_file()
     assert sum(counted(t) for t in _study(root, "here").get_trials()) == 3
+
+
+def test_down_stops_the_runs_on_its_cluster_first(
+    in_lab: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, _ = in_lab  # the module's last test that uses it: it takes the cluster down
+    run_id = runs.launch(
+        "hpo", ["search.py:objective", "-n", "500", "--study-name", "down", "-p", name]
+    )
+    _until("a finished trial", lambda: _done(run_id) >= 1)
+    assert _cli("down", name) == 0
+    err = capsys.readouterr().err
+    assert f"stopped run(s) on cluster '{name}' first: {run_id}" in err
+    assert err.index("stopped run(s)") < err.index(f"down {name}")
+    assert runs.show(run_id)["state"] == "stopped"

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a placed trial may take to start (the hand-off, the worker's imports): walltime
 #: placement counts a worker's time left from then.
-START_DELAY = 1.0
+START_DELAY = 2.0
 
 
 @dataclass
@@ -212,7 +212,9 @@ class WalltimeGuard:
 
     def _ask_ends(self, workers: list[str]) -> None:
         try:
-            times = self.client.run(worker_times, self.lead, workers=workers, on_error="return")
+            times = self.client.run(
+                worker_times, lead=self.lead, workers=workers, on_error="return"
+            )
         except Exception as error:  # the cluster is going: the loop hears of it by itself
             logger.debug("could not ask %s for their ends: %s", workers, error)
             times = {}
@@ -234,20 +236,20 @@ class WalltimeGuard:
         import time
 
         start = time.time() + START_DELAY
-        ending = {w for w, at in self.ending_from.items() if at <= start}
-        ends = {w: e for w, e in self.ends.items() if w not in self.retiring and w not in ending}
-        left = walltime.seconds_left(ends, start)
-        if not left:  # every worker is ending: the fresh jobs that replace them take it
-            return {}
-        if not self.bounded:
-            return {"workers": sorted(left), "allow_other_workers": True} if ending else {}
+        left = walltime.seconds_left(
+            {w: e for w, e in self.ends.items() if w not in self.retiring}, start
+        )
+        ending = {w for w, at in self.ending_from.items() if at <= start and w in left}
         busy = {attempt.workers[-1] for attempt in inflight if attempt.workers}
         placement = walltime.place(left, busy, self.need)
         if placement.retire:
             self._retire(placement.retire)
-        if placement.workers is None:
+        if placement.workers is None and not ending:
             return {}
-        return {"workers": list(placement.workers), "allow_other_workers": True}
+        allowed = [w for w in (placement.workers or left) if w not in ending]
+        if not allowed:  # every worker is ending: the fresh jobs that replace them take it
+            return {}
+        return {"workers": sorted(allowed), "allow_other_workers": True}
 
     def _retire(self, workers: tuple[str, ...]) -> None:
         self.retiring.update(workers)
