@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -445,7 +446,8 @@ def test_a_node_cut_off_mid_training(nodes: M.MultiNode, tmp_path: Path, restart
         state = _snapshot(checkpoints)
         if restarts == 0:
             assert training.returncode == 1, text
-            assert named[-1].startswith("error: rank 2 failed: worker "), text
+            # ranks 2 and 3 both ran on the cut node: whichever the driver heard of first
+            assert re.match(r"error: rank [23] failed: worker \S+ on node ", named[-1]), text
             assert state["epochs_run"] < 40
             return
         assert training.returncode == 0, text
