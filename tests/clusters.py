@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
-import pytest
 
-from tests.conftest import describe, token_processes, wait_gone
+from tests.conftest import fail_on_leftovers, token_processes
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
 
@@ -44,13 +42,7 @@ def local_client(n_workers: int, dashboard: bool = False) -> Iterator[Any]:
     ):
         client.wait_for_workers(n_workers, timeout=60)
         yield client
-    left = wait_gone(baseline)
-    if left:
-        text = describe(left)
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"shared cluster left processes running:\n{text}", pytrace=False)
+    fail_on_leftovers(baseline, "shared cluster")
 
 
 def _environ() -> dict[str, str]:

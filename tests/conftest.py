@@ -202,13 +202,19 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node.get_closest_marker("allow_leftovers"):
         return
+    fail_on_leftovers(baseline, "test")
+
+
+def fail_on_leftovers(baseline: set[int], what: str) -> None:
+    """Kill the token's processes not in ``baseline`` that outlive a short wait, and fail
+    naming them (``what``: the test, the shared cluster)."""
     left = wait_gone(baseline)
     if left:
         text = describe(left)
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"test left processes running:\n{text}", pytrace=False)
+        pytest.fail(f"{what} left processes running:\n{text}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
