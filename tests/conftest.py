@@ -263,6 +263,22 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The multinode tier's SLURM (tests/multinode.py), one for the session, shared by its
+    modules; missing SLURM or namespaces fail (the tier is required), never skip."""
+    from tests import multinode as harness
+
+    reason = harness.missing_reason()
+    if reason:
+        pytest.fail(reason)
+    cluster = harness.start(tmp_path_factory.mktemp("multinode"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def sge() -> Iterator[Any]:
     """One Grid Engine cell for the session (tests/sge.py); a missing install fails (the tier
     is required), never skips."""

@@ -20,14 +20,20 @@ the next ``start`` removes them (``remove_stale``: the UTS files are kept per ru
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
 
 from tests import slurm as single
 from tests.sshd import netns_reason
@@ -337,6 +343,66 @@ def start(directory: Path, timeout: float = 60.0) -> MultiNode:
         cluster.stop()
         raise
     return cluster
+
+
+# ------------------------------------------------ for the tests: a user on the login node
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def profile(directory: Path, name: str, **fields: Any) -> Path:
+    data: dict[str, Any] = {
+        "backend": "slurm",
+        "queue": PARTITION,
+        "workers": 3,
+        "cores": 1,
+        "memory": "1GiB",
+        "walltime": "00:10:00",
+        "interface": INTERFACE,
+        "log_directory": str(directory / "joblogs"),
+        "start_timeout": 120,
+        "scheduler": {"dashboard": False},
+    }
+    data.update(fields)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def on_login(
+    nodes: MultiNode, *command: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``command`` on the login node, in the repository (``tests`` imports), this SLURM's."""
+    return subprocess.run(
+        [*nodes.enter(), *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **nodes.env(), **(env or {})},
+        check=False,
+    )
+
+
+def clusterkit(nodes: MultiNode, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return on_login(nodes, sys.executable, "-m", "clusterkit", *args, **kwargs)
+
+
+def python(nodes: MultiNode, code: str, *args: str, **kwargs: Any) -> Any:
+    """Run ``code`` on the login node; what it printed last, as JSON."""
+    done = on_login(nodes, sys.executable, "-c", textwrap.dedent(code), *args, **kwargs)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def nothing_left(nodes: MultiNode) -> None:
+    """No job in the queue and no process but slurmd on any node (workers end with the jobs)."""
+    deadline = time.monotonic() + 30
+    while nodes.queue() or any(nodes.processes(n) for n in NODES):
+        if time.monotonic() > deadline:
+            left = {n: nodes.processes(n) for n in NODES}
+            pytest.fail(f"left after down: queue {nodes.queue()}, processes {left}")
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":  # bring it up and down once: `python -m tests.multinode DIR`

@@ -21,82 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests import multinode as M
+from tests.multinode import ROOT, clusterkit, nothing_left, on_login, profile, python
 
 pytestmark = pytest.mark.multinode
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="session")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[M.MultiNode]:
-    """The tier's SLURM; missing SLURM or namespaces fail (the tier is required), never skip."""
-    reason = M.missing_reason()
-    if reason:
-        pytest.fail(reason)
-    cluster = M.start(tmp_path_factory.mktemp("multinode"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def profile(directory: Path, name: str, **fields: Any) -> Path:
-    data: dict[str, Any] = {
-        "backend": "slurm",
-        "queue": M.PARTITION,
-        "workers": 3,
-        "cores": 1,
-        "memory": "1GiB",
-        "walltime": "00:10:00",
-        "interface": M.INTERFACE,
-        "log_directory": str(directory / "joblogs"),
-        "start_timeout": 120,
-        "scheduler": {"dashboard": False},
-    }
-    data.update(fields)
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def on_login(
-    nodes: M.MultiNode, *command: str, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """``command`` on the login node, in the repository (``tests`` imports), this SLURM's."""
-    return subprocess.run(
-        [*nodes.enter(), *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **nodes.env(), **(env or {})},
-        check=False,
-    )
-
-
-def clusterkit(nodes: M.MultiNode, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return on_login(nodes, sys.executable, "-m", "clusterkit", *args, **kwargs)
-
-
-def python(nodes: M.MultiNode, code: str, *args: str, **kwargs: Any) -> Any:
-    """Run ``code`` on the login node; what it printed last, as JSON."""
-    done = on_login(nodes, sys.executable, "-c", textwrap.dedent(code), *args, **kwargs)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def nothing_left(nodes: M.MultiNode) -> None:
-    """No job in the queue and no process but slurmd on any node (workers end with the jobs)."""
-    deadline = time.monotonic() + 30
-    while nodes.queue() or any(nodes.processes(n) for n in M.NODES):
-        if time.monotonic() > deadline:
-            left = {n: nodes.processes(n) for n in M.NODES}
-            pytest.fail(f"left after down: queue {nodes.queue()}, processes {left}")
-        time.sleep(0.2)
-
 
 # ------------------------------------------------------------------ one cluster, three nodes
 
