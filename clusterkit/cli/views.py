@@ -51,11 +51,14 @@ def status_view(info: dict[str, Any]) -> Any:
             )
         )
     parts: list[Any] = [Text(header.replace(", ,", ",").rstrip(", ")), workers]
-    if info["rows"]:
+    shown = [r for r in info["rows"] if r["kind"] != "lost"]
+    if shown:
         rows = Table(header_style="bold")
         for column in ("kind", "name", "state", "detail"):
             rows.add_column(column)
-        for r in info["rows"]:
+        for r in shown:
             rows.add_row(r["kind"], r["name"], r["state"], r["detail"])
         parts.append(rows)
+    # workers lost (a batch cluster's), one line each: "lost: worker W of job J on node N at T"
+    parts += [Text(f"lost: {r['detail']}") for r in info["rows"] if r["kind"] == "lost"]
     return Group(*parts)

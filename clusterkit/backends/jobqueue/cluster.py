@@ -37,7 +37,8 @@ def job_ids(cluster: Any, *, current: bool = False) -> list[str]:
 
 
 class DrainOnClose:
-    """Mixin: replace jobs that ended; on close, wait until the queue no longer lists any job.
+    """Mixin: replace jobs that ended; record workers lost (``losses``); on close, wait until
+    the queue no longer lists any job.
 
     SpecCluster forgets a job whose worker left (``lost-worker-timeout`` later) but keeps its
     spec; only a later ``_correct_state`` submits the replacement, and neither a fixed size nor
@@ -51,7 +52,11 @@ class DrainOnClose:
     async def _start(self) -> None:
         from tornado.ioloop import PeriodicCallback
 
+        from clusterkit.backends.jobqueue.losses import LostWorkers
+
         await super()._start()  # type: ignore[misc]
+        scheduler = self.scheduler  # type: ignore[attr-defined]
+        scheduler.add_plugin(LostWorkers(self, self.queue), name=LostWorkers.name)
         self._replacer = PeriodicCallback(self._replace_ended_jobs, REPLACE_INTERVAL * 1000)
         self._replacer.start()
 

@@ -58,6 +58,14 @@ def _connected_names(cluster: Any) -> set[str]:
     return names | {name.rsplit("-", 1)[0] for name in names}
 
 
+def _loss_rows(cluster: Any) -> list[StatusRow]:
+    """A row per worker the cluster lost (``losses``): its one line is the detail."""
+    return [
+        StatusRow(kind="lost", name=loss.worker, state=loss.job, detail=loss.line())
+        for loss in getattr(cluster, "losses", ())
+    ]
+
+
 class JobQueueBackend(Backend):
     """One batch system behind dask-jobqueue; SLURM and PBS differ by subclass."""
 
@@ -233,7 +241,8 @@ class JobQueueBackend(Backend):
 
     def describe(self, cluster: Any, profile: JobQueueProfile) -> list[StatusRow]:
         """One row per job: the batch system's state and, for pending jobs, its reason; for a
-        running one, its node(s) and the worker it runs (which node each worker is on)."""
+        running one, its node(s) and the worker it runs (which node each worker is on); then a
+        row per worker lost (``kind="lost"``, its one line the detail)."""
         ids = job_ids(cluster, current=True)  # not the jobs already replaced
         known = self.QUEUE.jobs(ids)
         workers = {
@@ -263,7 +272,7 @@ class JobQueueBackend(Backend):
                     },
                 )
             )
-        return rows
+        return rows + _loss_rows(cluster)
 
     def evidence(self, cluster: Any, profile: JobQueueProfile) -> list[str]:
         """Each job's state (and pending reason), then the tail of its stderr log."""
