@@ -6,7 +6,9 @@ veth pair whose node end is ``eth0``, with its own host name in a UTS namespace 
 slurmctld runs on the login node (10.233.0.1), where the tests also run ``clusterkit`` and the
 driver; one slurmd per
 compute node (n1..n3 at 10.233.0.2-4), with ``%n`` in its spool, pid and log paths. The nodes
-share the filesystem (one mount namespace) and munged's socket. None of the names resolve
+share the filesystem (one mount namespace) and a munged of the run's own (its socket under
+``RUN_DIR``, so another test session's munged coming and going cannot break it; the key is the
+machine's). None of the names resolve
 anywhere, so nothing can reach a compute node through a host name or loopback.
 
 ``start(directory)`` brings it up and waits for every node to be idle; ``MultiNode.stop()``
@@ -23,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,7 +59,7 @@ ClusterName=ckmn
 SlurmctldHost={login}({subnet}.1)
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=cred_expire=10
+AuthInfo=socket={munge_socket},cred_expire=10
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/slurmctld.pid
@@ -245,7 +248,7 @@ class MultiNode:
         self.namespaces.clear()
         self.uts_files.clear()
         if self.munged_pid:
-            single._release_munged(self.munged_pid)
+            single._stop_pid(self.munged_pid, timeout=5)
             self.munged_pid = None
 
 
@@ -262,6 +265,10 @@ def _remove(tag: str) -> None:
     for ns in ours:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
     folder = RUN_DIR / tag
+    munged = single._read_pid(folder / "munge" / "munged.pid")
+    if munged:  # the run's own munged (stop() stops it; a killed run left it)
+        single._stop_pid(munged, timeout=5)
+    shutil.rmtree(folder / "munge", ignore_errors=True)
     for path in folder.glob("*") if folder.is_dir() else ():
         subprocess.run(["umount", str(path)], capture_output=True, check=False)
         path.unlink(missing_ok=True)
@@ -303,7 +310,33 @@ def _network(cluster: MultiNode) -> None:
         cluster.uts_files[node] = uts
 
 
-def _write_conf(directory: Path) -> Path:
+def munge_socket(tag: str) -> Path:
+    return RUN_DIR / tag / "munge" / "munge.socket"
+
+
+def _start_munged(tag: str) -> int:
+    """A munged for this run alone, as user munge, its socket, PID and log under RUN_DIR."""
+    folder = munge_socket(tag).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (RUN_DIR, folder.parent):
+        path.chmod(0o755)
+    shutil.chown(folder, "munge", "munge")
+    folder.chmod(0o755)  # munged wants its socket folder searchable by all
+    names = {"socket": "munge.socket", "pid-file": "munged.pid", "log-file": "munged.log"}
+    flags = [f"--{flag}={folder / name}" for flag, name in names.items()]
+    flags.append(f"--seed-file={folder / 'munged.seed'}")
+    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", *flags],
+                   check=True, timeout=30)  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pid = single._read_pid(folder / "munged.pid")
+        if pid and single._alive(pid) and munge_socket(tag).exists():
+            return pid
+        time.sleep(0.1)
+    raise RuntimeError(f"munged did not start: {(folder / 'munged.log').read_text()[-500:]}")
+
+
+def _write_conf(directory: Path, tag: str) -> Path:
     nodes = "\n".join(
         f"NodeName={node} NodeAddr={address(node)} CPUs={CPUS} RealMemory={REAL_MEMORY_MB} "
         "State=UNKNOWN"
@@ -318,6 +351,7 @@ def _write_conf(directory: Path) -> Path:
             nodes=nodes,
             partition=PARTITION,
             names=",".join(NODES),
+            munge_socket=munge_socket(tag),
         )
     )
     return conf
@@ -329,10 +363,11 @@ def start(directory: Path, timeout: float = 60.0) -> MultiNode:
     for sub in ("state", "log"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     remove_stale()
-    cluster = MultiNode(directory, _write_conf(directory), tag=str(os.getpid()))
+    tag = str(os.getpid())
+    cluster = MultiNode(directory, _write_conf(directory, tag), tag=tag)
     try:
         _network(cluster)
-        cluster.munged_pid = single.ensure_munged()
+        cluster.munged_pid = _start_munged(cluster.tag)
         env = _daemon_env(cluster.conf)
         subprocess.run([*cluster.enter(), "slurmctld", "-f", str(cluster.conf)],
                        env=env, check=True, timeout=30)  # fmt: skip
