@@ -7,6 +7,11 @@ root jobs, a 1 s scheduling interval, pending reasons kept, a parallel environme
 running and waits for the queue to take jobs. ``SGE.stop()`` deletes every job, waits for the
 queue to empty and stops, by PID, only the daemons it started: a cell left running by an
 earlier session is used and left as it was.
+
+The qmaster runs in a mount namespace of its own whose ``/etc/hosts`` also names an execution
+host in a network namespace (``tests/sge_node.py``): Grid Engine resolves every host by name
+and address, and this keeps the machine's ``/etc/hosts`` as it is. A qmaster left running
+without that name is restarted.
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ qsort_args NONE
 """
 ENV = {"SGE_ROOT": str(SGE_ROOT), "SGE_CELL": CELL}
 
+#: The execution host in a network namespace (tests/sge_node.py): its name and address, and
+#: this host's address on the link to it
+NODE = "gx1"
+NODE_ADDRESS = "10.234.0.2"
+HOST_ADDRESS = "10.234.0.1"
+#: The qmaster's /etc/hosts: the machine's, and the node's name
+HOSTS = Path("/run/clusterkit-sge/hosts")
+
 
 def missing() -> list[str]:
     """Grid Engine programs not installed (scripts/setup/25-gridengine.sh installs them)."""
@@ -81,8 +94,28 @@ def qmaster_pid() -> int | None:
     return _daemon_pid([SPOOL / "qmaster" / "qmaster.pid"], "sge_qmaster")
 
 
-def execd_pid() -> int | None:
-    return _daemon_pid(sorted((SPOOL / "execd").glob("*/execd.pid")), "sge_execd")
+def execd_pid(host: str | None = None) -> int | None:
+    """This host's execd (any spool folder but the namespaced node's), or ``host``'s."""
+    if host is not None:
+        return _daemon_pid([SPOOL / "execd" / host / "execd.pid"], "sge_execd")
+    local = [p for p in sorted((SPOOL / "execd").glob("*/execd.pid")) if p.parent.name != NODE]
+    return _daemon_pid(local, "sge_execd")
+
+
+def with_node_hosts(*command: str) -> list[str]:
+    """``command`` in a mount namespace whose /etc/hosts (:data:`HOSTS`) names the node."""
+    if not HOSTS.exists():
+        HOSTS.parent.mkdir(parents=True, exist_ok=True)
+        HOSTS.write_text(Path("/etc/hosts").read_text() + f"{NODE_ADDRESS} {NODE}\n")
+    mount = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, str(HOSTS), *command]
+
+
+def _qmaster_knows_node(pid: int) -> bool:
+    try:
+        return NODE in Path(f"/proc/{pid}/root/etc/hosts").read_text().split()
+    except OSError:
+        return False
 
 
 @dataclass
@@ -218,8 +251,11 @@ def start(timeout: float = 60.0) -> SGE:
     if f"{host} localhost" not in known:
         aliases.write_text(f"{host} localhost\n")  # here the host name resolves to loopback
     sge = SGE(host)
+    running = qmaster_pid()
+    if running is not None and not _qmaster_knows_node(running):
+        _stop_pid(running, timeout=20.0)  # started without the node's name: start it anew
     if qmaster_pid() is None:
-        _check(run("/usr/sbin/sge_qmaster"))
+        _check(run(*with_node_hosts("/usr/sbin/sge_qmaster")))
         _wait("qmaster pid file", lambda: qmaster_pid() is not None, timeout, sge)
         sge.started["qmaster"] = qmaster_pid() or 0
     _wait("qmaster answers", lambda: run("qconf", "-sh").returncode == 0, timeout, sge)
