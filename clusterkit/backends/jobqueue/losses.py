@@ -68,35 +68,46 @@ def job_of(cluster: Any, worker: str) -> str:
 
 
 class LostWorkers(SchedulerPlugin):
-    """Records each lost worker in ``cluster.losses``; the job's node is asked of the batch
-    queue off the event loop (imported by the cluster, not with the backend)."""
+    """Records each lost worker in ``cluster.losses``. The node of each worker's job is asked
+    of the batch queue when the worker joins (batched, off the event loop), while the queue
+    still answers: a node cut off may take the batch system's controller with it."""
 
     name = "clusterkit-lost-workers"
 
     def __init__(self, cluster: Any, queue: BatchQueue) -> None:
         self.cluster = cluster
         self.queue = queue
-        self.seen: dict[str, tuple[str, str]] = {}  # address -> (name, host)
+        self.seen: dict[str, tuple[str, str, str]] = {}  # address -> (name, host, job)
+        self.nodes: dict[str, str] = {}  # job -> its node(s)
+        self.asking: set[str] = set()  # jobs whose node is to be asked
         cluster.losses = []
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         state = scheduler.workers.get(worker)
-        if state is not None:
-            self.seen[worker] = (str(state.name), str(state.host))
+        if state is None:
+            return
+        job = job_of(self.cluster, str(state.name))
+        self.seen[worker] = (str(state.name), str(state.host), job)
+        if job:  # asked again for each worker: a requeued job may run on another node
+            if not self.asking:  # one query for the workers joining within a second
+                asyncio.get_running_loop().call_later(1.0, self._ask)
+            self.asking.add(job)
+
+    def _ask(self) -> None:
+        jobs, self.asking = sorted(self.asking), set()
+        asyncio.get_running_loop().run_in_executor(None, self._find_nodes, jobs)
+
+    def _find_nodes(self, jobs: list[str]) -> None:
+        for job, info in self.queue.jobs(jobs).items():
+            if info.nodes:
+                self.nodes[job] = info.nodes
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **_: Any) -> None:
-        name, host = self.seen.pop(worker, (worker, worker))
+        name, host, job = self.seen.pop(worker, (worker, worker, ""))
         why = cause(scheduler, worker, stimulus_id)
         if why is None:
             return
-        loss = Loss(name, job_of(self.cluster, name), f"host {host}", time.time(), why)
+        node = f"node {self.nodes[job]}" if job in self.nodes else f"host {host}"
         losses: list[Loss] = self.cluster.losses
-        losses.append(loss)
+        losses.append(Loss(name, job, node, time.time(), why))
         del losses[:-KEPT]
-        if loss.job:
-            asyncio.get_running_loop().run_in_executor(None, self._find_node, loss)
-
-    def _find_node(self, loss: Loss) -> None:
-        info = self.queue.jobs([loss.job]).get(loss.job)
-        if info is not None and info.nodes:
-            loss.node = f"node {info.nodes}"
