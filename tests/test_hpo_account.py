@@ -343,3 +343,67 @@ def test_a_slurm_search_counts_a_job_from_its_start(slurm: object, tmp_path: Pat
         api.down(record.name)
     assert sum(found[kind] for kind in account.KINDS) == pytest.approx(found["held"], rel=1e-9)
     assert found["finished"] == pytest.approx(seconds_by_state(study, "COMPLETE"), rel=1e-6)
+
+
+# ------------------------------------------------------------------ a real single-node Grid Engine
+
+
+def sge_starts() -> dict[str, float]:
+    """Each running job's start as ``qstat -xml`` lists it (``JAT_start_time``, local time to
+    the second), by job id: another command than the account's ``qstat -j ID -xml``."""
+    import subprocess
+    import xml.etree.ElementTree as ET
+    from datetime import datetime
+
+    shown = subprocess.run(
+        ["qstat", "-u", "*", "-xml"], capture_output=True, text=True, check=True
+    ).stdout
+    return {
+        job.findtext("JB_job_number", ""): datetime.fromisoformat(
+            job.findtext("JAT_start_time", "")
+        ).timestamp()
+        for job in ET.fromstring(shown).iter("job_list")
+        if job.findtext("JAT_start_time")
+    }
+
+
+@pytest.mark.sge
+def test_a_grid_engine_search_counts_a_job_from_its_start(sge: object, tmp_path: Path) -> None:
+    """As on SLURM: a job started mid-search holds its core from the job's start as Grid Engine
+    reports it (within 1 s: qstat gives whole seconds), before its worker registered."""
+    from clusterkit import api
+    from clusterkit.client import get_client
+    from tests.test_sge import profile_file
+
+    namespace: dict[str, object] = {}
+    exec(SLURM_OBJECTIVE, namespace)
+    record = api.up(profile_file(tmp_path, "acct", walltime="00:05:00"))
+
+    def scale_up(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number == 2:
+            api.scale(record.name, 2, wait=False)
+
+    try:
+        with get_client(record.name) as client:
+            study = hpo.run(
+                namespace["objective"],  # type: ignore[arg-type]
+                n_trials=24,
+                client=client,
+                progress=False,
+                storage=optuna.storages.InMemoryStorage(),
+                out=str(tmp_path / "out"),
+                callbacks=[scale_up],
+            )
+            starts = sge_starts()  # while the jobs run
+    finally:
+        api.down(record.name)
+    found = json.loads((tmp_path / "out" / "account.json").read_text())
+    late = {w: v for w, v in found["workers"].items() if v["joined"] > found["since"]}
+    assert late, f"the second job's worker did not join during the search: {found}"
+    for worker, held in late.items():
+        assert held.get("job") in starts, (worker, held, starts)
+        assert held["start"] < held["joined"], (worker, held)
+        assert held["start"] == pytest.approx(starts[held["job"]], abs=1.0)
+        assert held["finished"] > 0, (worker, held)
+    assert sum(found[kind] for kind in account.KINDS) == pytest.approx(found["held"], rel=1e-9)
+    assert found["finished"] == pytest.approx(seconds_by_state(study, "COMPLETE"), rel=1e-6)

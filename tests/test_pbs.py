@@ -196,6 +196,43 @@ def test_qstat_full_is_parsed() -> None:
     assert info.stderr_path == "/home/me/clusterkit.e17"
 
 
+#: `qstat -f` of a running job in PBS Pro's format (as sites print it: four-space attributes,
+#: tab-led continuations, ctime-style times with a space-padded day), shortened
+QSTAT_RUNNING = (
+    "Job Id: 4711.pbs01\n"
+    "    Job_Name = ck-demo-ab12\n"
+    "    resources_used.walltime = 00:12:04\n"
+    "    job_state = R\n"
+    "    ctime = Tue May  7 09:31:20 2019\n"
+    "    exec_host = cn02/0*16\n"
+    "    exec_vnode = (cn02:ncpus=16:mem=1048576kb:ngpus=0)+(cn03:ncpus=16:mem=1048576kb:ng\n"
+    "\tpus=0)\n"
+    "    qtime = Tue May  7 09:31:20 2019\n"
+    "    stime = Tue May  7 09:31:21 2019\n"
+    "    comment = Job run at Tue May 07 at 09:31 on (cn02:ncpus=16:mem=1048576kb:ngpus=0\n"
+    "\t)\n"
+)
+
+
+def test_the_job_start_is_qstat_fs_stime() -> None:
+    """PBS cannot run here: the parsing of `qstat -f`'s start on its real format (PBS Pro's
+    ``stime``; Torque's ``start_time``), and the job id from inside a job (``PBS_JOBID``)."""
+    from datetime import datetime
+
+    from clusterkit.backends.jobqueue.pbs import PBSQueue
+
+    queue = PBSQueue()
+    started = datetime(2019, 5, 7, 9, 31, 21).timestamp()  # local time, as qstat prints it
+    assert queue.parse_start(QSTAT_RUNNING) == started
+    torque = QSTAT_RUNNING.replace("    stime = ", "    start_time = ")
+    assert queue.parse_start(torque) == started
+    queued = "Job Id: 4712.pbs01\n    job_state = Q\n    qtime = Tue May  7 09:31:20 2019\n"
+    assert queue.parse_start(queued) is None
+    assert queue.start_command("4711.pbs01") == ["qstat", "-f", "4711.pbs01"]
+    assert queue.job_here({"PBS_JOBID": "4711.pbs01"}) == "4711.pbs01"
+    assert queue.job_here({"JOB_ID": "12", "SLURM_JOB_ID": "13"}) is None
+
+
 # ---------------------------------------------------------------- command lines
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -124,6 +125,46 @@ def test_qstat_j_gives_reason_and_log_path() -> None:
     errored = parse_qstat_j("job_name: x\nerror reason    1:  can't chdir to /nope\n")
     assert pending_reason(errored) == "can't chdir to /nope"
     assert output_path({**fields, "stdout_path_list": "NONE"}, "7") == "/home/me/ck-demo-ab12.o7"
+
+
+#: `qstat -j ID -xml` of a running job (this Grid Engine, 8.1.9), shortened: the task's start
+QSTAT_J_XML = """<?xml version='1.0'?>
+<detailed_job_info  xmlns:xsd="http://arc.liv.ac.uk/repos/darcs/sge/source/dist/util/resources/\
+schemas/qstat/detailed_job_info.xsd">
+  <djob_info>
+    <element>
+      <JB_job_number>130</JB_job_number>
+      <JB_submission_time>1795759824</JB_submission_time>
+      <JB_ja_tasks>
+        <ulong_sublist>
+          <JAT_status>128</JAT_status>
+          <JAT_task_number>1</JAT_task_number>
+          <JAT_start_time>1795759825</JAT_start_time>
+        </ulong_sublist>
+      </JB_ja_tasks>
+      <JB_execution_time>0</JB_execution_time>
+    </element>
+  </djob_info>
+</detailed_job_info>
+"""
+
+
+def test_the_job_start_is_its_tasks_start() -> None:
+    """``qstat -j ID -xml``: the task's JAT_start_time (seconds; milliseconds in Univa/Altair
+    Grid Engine), not the submission; none before the job runs; ``JOB_ID`` only in a Grid
+    Engine job (with ``SGE_ROOT``)."""
+    from clusterkit.backends.jobqueue.sge import SGEQueue
+
+    queue = SGEQueue()
+    assert queue.parse_start(QSTAT_J_XML) == 1795759825.0
+    in_ms = QSTAT_J_XML.replace(">1795759825<", ">1795759825250<")
+    assert queue.parse_start(in_ms) == 1795759825.25
+    pending = re.sub(r"<JB_ja_tasks>.*</JB_ja_tasks>", "", QSTAT_J_XML, flags=re.DOTALL)
+    assert queue.parse_start(pending) is None
+    assert queue.parse_start("error: failed receiving gdi request") is None
+    assert queue.start_command("130") == ["qstat", "-j", "130", "-xml"]
+    assert queue.job_here({"JOB_ID": "130", "SGE_ROOT": "/var/lib/gridengine"}) == "130"
+    assert queue.job_here({"JOB_ID": "130"}) is None
 
 
 def test_site_dask_config_fills_sge_fields_and_explain_names_it(

@@ -1,13 +1,14 @@
 """The queue-command plumbing every batch system shares: one job as the batch system reports
-it (``JobInfo``), what the backends ask of a queue (``BatchQueue``), running one of its
-commands, cancelling jobs and waiting until they are gone, the tail of a job's log."""
+it (``JobInfo``), what the backends ask of a queue (``BatchQueue``, ``JobStarts``), running one
+of its commands, cancelling jobs and waiting until they are gone, the start of the job this
+process runs in, the tail of a job's log."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +42,27 @@ class BatchQueue(Protocol):
     def stderr_path(self, job_id: str) -> str | None: ...
     def cancel(self, job_ids: Sequence[str]) -> None: ...
     def stranded(self, jobs: dict[str, JobInfo]) -> dict[str, str]: ...
+
+
+class JobStarts(Protocol):
+    """A batch system that says when the job a process runs in started (SLURM, PBS, SGE)."""
+
+    def job_here(self, environ: Mapping[str, str]) -> str | None: ...
+    def start_command(self, job_id: str) -> list[str]: ...
+    def parse_start(self, text: str) -> float | None: ...
+
+
+def job_start(queue: JobStarts, environ: Mapping[str, str]) -> tuple[str, float] | None:
+    """The id and start (seconds since the epoch) of the ``queue``'s job this process runs in,
+    as the batch system reports it; None outside such a job, or when the system does not say."""
+    job = queue.job_here(environ)
+    if not job:
+        return None
+    done = run_command(queue.start_command(job))
+    if done is None or done.returncode != 0:
+        return None
+    start = queue.parse_start(done.stdout)
+    return None if start is None else (job, start)
 
 
 def run_command(command: Sequence[str]) -> subprocess.CompletedProcess[str] | None:

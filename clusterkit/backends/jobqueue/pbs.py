@@ -5,7 +5,7 @@ cluster class."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.jobqueue.cluster import drained
@@ -24,6 +24,29 @@ class PBSQueue:
 
     system = "pbs"
     cancel_command = "qdel"
+
+    def job_here(self, environ: Mapping[str, str]) -> str | None:
+        """The id of the job this process runs in (``PBS_JOBID``: ``1234.server``)."""
+        return environ.get("PBS_JOBID") or None
+
+    def start_command(self, job_id: str) -> list[str]:
+        return ["qstat", "-f", job_id]
+
+    def parse_start(self, text: str) -> float | None:
+        """``qstat -f``'s ``stime`` (PBS Pro, OpenPBS) or ``start_time`` (Torque), local time
+        as ``Tue May  7 09:31:21 2019``; None before the job started."""
+        from datetime import datetime
+
+        fields = qstat_fields(text)
+        value = fields.get("stime") or fields.get("start_time")
+        if not value:
+            return None
+        if value.isdigit():  # Torque before 2.5: seconds since the epoch
+            return float(value)
+        try:
+            return datetime.strptime(" ".join(value.split()), "%a %b %d %H:%M:%S %Y").timestamp()
+        except ValueError:
+            return None
 
     def named(self, job_name: str) -> list[str]:
         """Ids of this user's jobs with that name."""
@@ -65,8 +88,8 @@ class PBSQueue:
         return {}
 
 
-def parse_qstat_full(job_id: str, text: str) -> JobInfo:
-    """A JobInfo from `qstat -f` output; continuation lines start with a tab."""
+def qstat_fields(text: str) -> dict[str, str]:
+    """`qstat -f`'s ``key = value`` lines; continuation lines start with a tab."""
     fields: dict[str, str] = {}
     key = None
     for line in text.splitlines():
@@ -75,6 +98,12 @@ def parse_qstat_full(job_id: str, text: str) -> JobInfo:
         elif " = " in line:
             key, _, value = line.strip().partition(" = ")
             fields[key] = value
+    return fields
+
+
+def parse_qstat_full(job_id: str, text: str) -> JobInfo:
+    """A JobInfo from `qstat -f` output."""
+    fields = qstat_fields(text)
     stderr = fields.get("Error_Path")
     if stderr and ":" in stderr:  # host:/path
         stderr = stderr.split(":", 1)[1]

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.base import Check
@@ -44,6 +44,22 @@ def parse_qstat_xml(text: str) -> list[tuple[str, JobInfo]]:
         )
         jobs.append((item.findtext("JB_name", ""), info))
     return jobs
+
+
+def task_start(text: str) -> float | None:
+    """The start of a job's (first started) task in ``qstat -j ID -xml``: ``JAT_start_time``
+    under ``JB_ja_tasks``, seconds since the epoch (milliseconds in Univa/Altair Grid Engine);
+    None before it started."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None
+    for tasks in root.iter("JB_ja_tasks"):
+        for stamp in tasks.iter("JAT_start_time"):
+            value = float(stamp.text or 0)
+            if value > 0:
+                return value / 1000 if value > 1e11 else value
+    return None
 
 
 def parse_qstat_j(text: str) -> dict[str, str]:
@@ -87,6 +103,17 @@ class SGEQueue:
 
     system = "sge"
     cancel_command = "qdel"
+
+    def job_here(self, environ: Mapping[str, str]) -> str | None:
+        """The id of the Grid Engine job this process runs in (``JOB_ID``, with ``SGE_ROOT``)."""
+        return environ.get("JOB_ID") if environ.get("SGE_ROOT") else None
+
+    def start_command(self, job_id: str) -> list[str]:
+        return ["qstat", "-j", job_id, "-xml"]
+
+    def parse_start(self, text: str) -> float | None:
+        """:func:`task_start` of ``qstat -j ID -xml``."""
+        return task_start(text)
 
     def _all(self, user: str) -> list[tuple[str, JobInfo]]:
         done = run_command(["qstat", "-u", user, "-xml"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.backends.jobqueue.cluster import drained
@@ -22,6 +22,22 @@ class SlurmQueue:
 
     system = "slurm"
     cancel_command = "scancel"
+
+    def job_here(self, environ: Mapping[str, str]) -> str | None:
+        """The id of the job this process runs in (``SLURM_JOB_ID``)."""
+        return environ.get("SLURM_JOB_ID") or None
+
+    def start_command(self, job_id: str) -> list[str]:
+        return ["squeue", "-h", "-j", job_id, "-o", "%S"]
+
+    def parse_start(self, text: str) -> float | None:
+        """``squeue -o %S``: the job's StartTime, local time (``2026-11-27T06:10:15``)."""
+        from datetime import datetime
+
+        try:
+            return datetime.fromisoformat(text.strip()).timestamp()
+        except ValueError:  # N/A: not started
+            return None
 
     def named(self, job_name: str) -> list[str]:
         """Ids of this user's jobs with that name."""

@@ -1,10 +1,10 @@
 """An account of the hours: the slot-seconds a search held, and where they went.
 
 A slot is a GPU where trials ask for GPUs (``resources={"GPU": 1}``), else a core (a worker
-thread). Each worker holds its slots from when it joined the search (a batch job: from the job's
-start, as the batch system reports it; a worker there before the search: from the search's
-start) until it left or the search ended. Each attempt of a trial holds its slots from its start
-to its end on the worker. The held slot-seconds split into:
+thread). Each worker holds its slots from when it joined the search (a batch job of SLURM, PBS
+or Grid Engine: from the job's start, as the batch system reports it; a worker there before the
+search: from the search's start) until it left or the search ended. Each attempt of a trial
+holds its slots from its start to its end on the worker. The held slot-seconds split into:
 
 - ``finished``, ``pruned``, ``failed``: attempts that ended so (the trial's state);
 - ``lost``: attempts whose worker died, hit its walltime or was preempted, and attempts the
@@ -231,23 +231,25 @@ def held_and_busy(dask_scheduler: Any) -> dict[str, float]:
 
 async def job_start() -> tuple[str, float] | None:
     """Run on a worker (``client.run``): its batch job's id and start, as the batch system
-    reports it (SLURM: ``squeue -o %S``); None outside a batch job, or when the batch system
-    does not answer. PBS and Grid Engine: not yet (their workers count from their joins)."""
+    reports it (SLURM: ``squeue -o %S``; PBS: ``qstat -f``'s ``stime``; Grid Engine: the task's
+    ``JAT_start_time`` of ``qstat -j ID -xml``); None outside a batch job, or when the batch
+    system does not answer. The query runs in a thread, off the worker's event loop."""
     import asyncio
     import os
-    from datetime import datetime
 
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return None
-    try:
-        process = await asyncio.create_subprocess_exec(
-            "squeue", "-h", "-j", job, "-o", "%S", stdout=asyncio.subprocess.PIPE
-        )
-        out, _ = await asyncio.wait_for(process.communicate(), timeout=30)
-        return job, datetime.fromisoformat(out.decode().strip()).timestamp()  # local time
-    except (OSError, ValueError, TimeoutError):
-        return None
+    return await asyncio.get_running_loop().run_in_executor(None, _job_start, dict(os.environ))
+
+
+def _job_start(environ: dict[str, str]) -> tuple[str, float] | None:
+    from clusterkit.backends.jobqueue.commands import job_start as start_of
+    from clusterkit.backends.jobqueue.pbs import PBSQueue
+    from clusterkit.backends.jobqueue.sge import SGEQueue
+    from clusterkit.backends.jobqueue.slurm import SlurmQueue
+
+    for queue in (SlurmQueue(), PBSQueue(), SGEQueue()):
+        if queue.job_here(environ):
+            return start_of(queue, environ)
+    return None
 
 
 class Ledger:
