@@ -241,17 +241,22 @@ import time
 from clusterkit.runners import hpo
 
 
+def note(folder, what, step):
+    line = {{"host": socket.gethostname(), what: step, "at": time.time()}}
+    with (folder / "attempts.jsonl").open("a") as out:
+        out.write(json.dumps(line) + "\\n")
+
+
 def objective(trial):
     x = trial.suggest_float("x", -1.0, 1.0)
     folder = hpo.checkpoint_dir(trial)
     saved = folder / "state.json"
     step, total = json.loads(saved.read_text()) if saved.exists() else (0, 0.0)
-    attempts = folder / "attempts.jsonl"
-    with attempts.open("a") as out:
-        out.write(json.dumps({{"host": socket.gethostname(), "step": step}}) + "\\n")
+    note(folder, "started", step)
     while step < {STEPS}:
         if hpo.should_checkpoint():
             saved.write_text(json.dumps([step, total]))
+            note(folder, "saved", step)
             raise hpo.TrialInterrupted(f"saved at step {{step}}")
         time.sleep({STEP_SECONDS})
         total += x * x / {STEPS}
@@ -294,14 +299,22 @@ def test_a_worker_job_reaches_its_walltime_mid_trial(nodes: M.MultiNode, tmp_pat
         print(f"search ended {time.monotonic() - up_at:.1f}s after `up` "
               f"(exit {running.returncode}):\n{output[-1500:]}")  # fmt: skip
         assert running.returncode == 0, output
-        attempts = [json.loads(line) for line in attempts_file.read_text().splitlines()]
-        print(f"attempts of trial 0: {attempts}")
-        assert len(attempts) >= 2, attempts
+        notes = [json.loads(line) for line in attempts_file.read_text().splitlines()]
+        start = notes[0]["at"]
+        print("trial 0:", ", ".join(f"{n['at'] - start:.1f}s {n['host']} " + (
+            f"started at step {n['started']}" if "started" in n else f"saved step {n['saved']}"
+        ) for n in notes))  # fmt: skip
+        attempts = [n for n in notes if "started" in n]
+        assert len(attempts) >= 2, notes
         first, second = attempts[:2]
-        assert first["step"] == 0 and first["host"] in M.NODES, attempts
-        assert second["host"] in M.NODES and second["host"] != first["host"], attempts
-        assert 0 < second["step"] < STEPS, attempts  # from its checkpoint, not the start
-        assert [a["step"] for a in attempts] == sorted(a["step"] for a in attempts)
+        assert first["started"] == 0 and first["host"] in M.NODES, notes
+        assert second["host"] in M.NODES and second["host"] != first["host"], notes
+        assert 0 < second["started"] < STEPS, notes  # from its checkpoint, not the start
+        saved = next(n for n in notes if "saved" in n)
+        assert saved["host"] == first["host"] and saved["saved"] == second["started"], notes
+        print(f"resumed on {second['host']} {second['at'] - saved['at']:.1f}s after the "
+              f"checkpoint on {first['host']}")  # fmt: skip
+        assert [a["started"] for a in attempts] == sorted(a["started"] for a in attempts)
         (trial,) = optuna.load_study(study_name="wall", storage=storage).get_trials()
         assert trial.state == optuna.trial.TrialState.COMPLETE
         assert trial.value == pytest.approx(trial.params["x"] ** 2)
