@@ -107,6 +107,25 @@ def test_the_ledger_turns_events_into_intervals() -> None:
 
 
 @pytest.mark.unit
+def test_a_checkpointed_attempt_counts_toward_its_trials_outcome() -> None:
+    """An attempt that saved a checkpoint (TrialInterrupted) is lost while its trial runs on,
+    then counts as the trial's outcome; one whose worker died is lost for good (redone)."""
+    ledger = Ledger(None, since=0.0)
+    ledger.seen({"a": {"nthreads": 1}, "b": {"nthreads": 1}}, now=0.0)
+    ledger.started(0, "a", 0.0)
+    ledger.lost(0, 30.0, cause=hpo.TrialInterrupted())  # saved 30 s of work
+    ledger.started(1, "b", 0.0)
+    ledger.lost(1, 20.0, cause=OSError("worker gone"))
+    ledger.started(0, "b", 31.0)
+    assert ledger.account().total["lost"] == pytest.approx(30.0 + 20.0 + 0.0)
+    ledger.ended(0, {"worker": "b", "start": 31.0, "end": 41.0, "state": "COMPLETE"})
+    ledger.until = 50.0
+    result = ledger.account()
+    assert result.trials[0] == {"finished": 40.0}
+    assert result.total == {"finished": 40, "pruned": 0, "failed": 0, "lost": 20, "idle": 40}
+
+
+@pytest.mark.unit
 def test_the_progress_line_shows_the_hours_so_far() -> None:
     from clusterkit.runners.hpo.report import ProgressDisplay
 

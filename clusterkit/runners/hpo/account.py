@@ -8,7 +8,9 @@ holds its slots from its start to its end on the worker. The held slot-seconds s
 
 - ``finished``, ``pruned``, ``failed``: attempts that ended so (the trial's state);
 - ``lost``: attempts whose worker died, hit its walltime or was preempted, and attempts the
-  search abandoned when it stopped (a resume runs them again: the hours are redone);
+  search abandoned when it stopped (a resume runs them again: the hours are redone). An
+  attempt that saved a checkpoint first (``TrialInterrupted``) counts toward its trial's
+  outcome once the trial ends (its work was kept); lost until then;
 - ``idle``: held by the search, no trial on the slot.
 
 :func:`split` computes it from intervals (:class:`Held`, :class:`Segment`); a :class:`Ledger`
@@ -270,6 +272,7 @@ class Ledger:
         self.client: Any = None  # the client whose events are heard (listen)
         self.running: dict[int, tuple[str, float]] = {}  # trial -> (worker, start)
         self.segments: list[Segment] = []
+        self.kept: dict[int, list[Segment]] = {}  # checkpointed attempts, till their trial ends
 
     # ------------------------------------------------------------------ workers
 
@@ -348,20 +351,26 @@ class Ledger:
         if "start" in record and "end" in record:
             outcome = BY_STATE.get(record["state"], "failed")
             worker, start, end = record["worker"], record["start"], record["end"]
+            self.segments += [s._replace(outcome=outcome) for s in self.kept.pop(trial, [])]
             self.segments.append(
                 Segment(worker, trial, start, end, trial_slots(self.resources), outcome)
             )
 
-    def lost(self, trial: int, stamp: float | None = None) -> None:
+    def lost(self, trial: int, stamp: float | None = None, cause: object = None) -> None:
         """The open attempt of ``trial`` was lost: it ends when its worker left, if that is
-        known and earlier, else now (``stamp``)."""
+        known and earlier, else now (``stamp``). ``cause`` TrialInterrupted: it saved a
+        checkpoint, kept for the trial's outcome."""
+        from clusterkit.runners.hpo.preemption import TrialInterrupted
+
         opened = self.running.pop(trial, None)
         if opened is None:
             return
         worker, start = opened
         end = min(time.time() if stamp is None else stamp, self.left.get(worker, float("inf")))
         slots = trial_slots(self.resources)
-        self.segments.append(Segment(worker, trial, start, max(start, end), slots, "lost"))
+        kept = isinstance(cause, TrialInterrupted)
+        mine = self.kept.setdefault(trial, []) if kept else self.segments
+        mine.append(Segment(worker, trial, start, max(start, end), slots, "lost"))
 
     def close(self, client: Any = None) -> None:
         """The search ended: attempts still open are lost (a resume runs them again); no
@@ -375,7 +384,8 @@ class Ledger:
 
     def account(self) -> Account:
         until = self.until if self.until is not None else time.time()
-        result = split(self.held(until), self.segments, self.unit, self.since, until)
+        kept = [segment for mine in self.kept.values() for segment in mine]  # lost so far
+        result = split(self.held(until), self.segments + kept, self.unit, self.since, until)
         for worker, kinds in result.workers.items():
             kinds["joined"] = self.joined[worker]  # its registration (or the search's start)
             if worker in self.jobs:

@@ -318,7 +318,7 @@ class SearchLoop:
             self._fail_lost(attempt, f"its worker was lost ({type(error).__name__})")
             return
         attempt.submits = tries + 1
-        self.ledger.lost(number)
+        self.ledger.lost(number, cause=error)
         self.log.add(self.storage.get_trial(attempt.trial_id))  # its first draws, kept
         logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
         attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
