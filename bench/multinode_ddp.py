@@ -26,12 +26,14 @@ namespaces).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from tests import multinode as M  # noqa: E402
 
 TRAIN = """\
-import json, os, socket, sys, time
+import json, os, resource, socket, sys, time
 
 import torch
 import torch.distributed as dist
@@ -70,10 +72,13 @@ def main(out: str, epochs: int) -> None:
     sampler = DistributedSampler(data)
     loader = DataLoader(data, CONFIG["batch"], sampler=sampler)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    times = []
+    times, window = [], []
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         dist.barrier()
+        if epoch == 1:
+            window.append(time.time())
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         began = time.perf_counter()
         for inputs, targets in loader:
             optimizer.zero_grad()
@@ -83,10 +88,13 @@ def main(out: str, epochs: int) -> None:
         times.append(time.perf_counter() - began)
         if rank == 0:
             print(f"epoch {{epoch}}: {{times[-1]:.3f}}s", flush=True)
+    window.append(time.time())
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (epochs - 1)
     hosts = [None] * world
-    dist.all_gather_object(hosts, [socket.gethostname(), os.environ.get("LOCAL_RANK")])
+    dist.all_gather_object(hosts, [socket.gethostname(), os.environ.get("LOCAL_RANK"), faults])
     if rank == 0:
-        seen = {{"epochs": times, "hosts": hosts, "threads": torch.get_num_threads()}}
+        seen = {{"epochs": times, "hosts": hosts, "threads": torch.get_num_threads(),
+                "window": window}}
         with open(out, "w") as handle:
             json.dump(seen, handle)
     dist.destroy_process_group()
@@ -145,24 +153,82 @@ def torchrun_side(nodes: M.MultiNode, env: dict[str, str], script: Path, out: Pa
 
 SIDES = {"clusterkit": clusterkit_side, "torchrun": torchrun_side}
 
+#: What a process on a node is, by its command line (first match)
+KINDS = (("torchrun agent", ("torch.distributed.run",)),
+         ("clusterkit on login (scheduler, driver)", ("-m clusterkit ",)),
+         ("rank", ("clusterkit.runners.ddp.rank", "train.py")),
+         ("dask worker+nanny", ("dask_worker", "multiprocessing")),
+         ("slurm", ("slurm",)))  # fmt: skip
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _kind(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    return next((kind for kind, marks in KINDS if any(m in cmdline for m in marks)), "other")
+
+
+class CpuSampler:
+    """CPU time of every process on the login node and the compute nodes, sampled every
+    0.25 s: how many cores each kind of process used over the steady epochs."""
+
+    def __init__(self, nodes: M.MultiNode) -> None:
+        self.nodes, self.samples = nodes, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        kinds: dict[int, str] = {}
+        while not self.stop.wait(0.25):
+            ticks = {}
+            for node in (M.LOGIN, *M.NODES):
+                for pid in self.nodes.pids(node):
+                    with contextlib.suppress(OSError, IndexError):
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                        kinds.setdefault(pid, _kind(pid))
+                        ticks[pid] = (kinds[pid], (int(fields[11]) + int(fields[12])) / TICK)
+            self.samples.append((time.time(), ticks))
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Cores used per kind of process between ``start`` and ``end`` (wall clock)."""
+        self.stop.set()
+        self.thread.join()
+        inside = [s for s in self.samples if start <= s[0] <= end] or self.samples
+        first, last = inside[0], inside[-1]
+        used: dict[str, float] = {}
+        for pid, (kind, after) in last[1].items():
+            if pid in first[1]:
+                used[kind] = used.get(kind, 0.0) + after - first[1][pid][1]
+        span = max(last[0] - first[0], 1e-9)
+        return {kind: cpu / span for kind, cpu in sorted(used.items())}
+
 
 def measure(side: str, nodes: M.MultiNode, env: dict[str, str], script: Path, epochs: int,
             rep: int) -> dict[str, Any]:  # fmt: skip
     out = script.parent / f"{side}-{rep}.json"
     load_before = os.getloadavg()[0]
     started = time.monotonic()
+    sampler = CpuSampler(nodes)
     SIDES[side](nodes, env, script, out, epochs, rep)
     seen = json.loads(out.read_text())
+    seen["cores"] = sampler.cores(*seen["window"])
     seen["wall"] = time.monotonic() - started
     seen["load"] = (load_before + os.getloadavg()[0]) / 2
     seen["steady"] = statistics.median(seen["epochs"][1:])
-    layout = [host for host, _ in seen["hosts"]]
+    layout = [host for host, _, _ in seen["hosts"]]
+    seen["faults"] = statistics.mean(faults for _, _, faults in seen["hosts"])
     if not (layout[0] == layout[1] != layout[2] == layout[3]):  # 2 nodes x 2, by node
         raise RuntimeError(f"{side}: ranks not 2 per node over 2 nodes: {seen['hosts']}")
     epochs_text = " ".join(f"{t:.2f}" for t in seen["epochs"])
     print(f"rep {rep} {side:10s} steady {seen['steady']:.3f}s  epochs [{epochs_text}]  "
           f"nodes {sorted(set(layout))}  threads {seen['threads']}  load {seen['load']:.2f}  "
-          f"wall {seen['wall']:.1f}s", flush=True)  # fmt: skip
+          f"wall {seen['wall']:.1f}s  page faults/epoch/rank {seen['faults']:.0f}",
+          flush=True)  # fmt: skip
+    used = ", ".join(f"{kind} {cores:.2f}" for kind, cores in seen["cores"].items())
+    print(f"      cores used over the steady epochs: {used}", flush=True)
     return seen
 
 
@@ -196,11 +262,13 @@ def report(found: dict[str, list[dict[str, Any]]], reps: int, epochs: int) -> No
     loads = [seen["load"] for side in found.values() for seen in side]
     print(f"\nmulti-node DDP, 4 ranks over 2 nodes x 2 (gloo, CPU), {epochs} epochs, "
           f"{reps} alternating repetitions, {CONFIG}")  # fmt: skip
-    print(f"{'side':12s} {'steady epoch s':>15s} {'launch to end s':>16s}  per rep (steady)")
+    print(f"{'side':12s} {'steady epoch s':>15s} {'launch to end s':>16s} "
+          f"{'page faults/epoch/rank':>23s}  per rep (steady)")  # fmt: skip
     for side, seen in found.items():
         each = " ".join(f"{s['steady']:.3f}" for s in seen)
-        steady, wall = (statistics.median(s[k] for s in seen) for k in ("steady", "wall"))
-        print(f"{side:12s} {steady:15.3f} {wall:16.1f}  {each}")
+        steady, wall, faults = (statistics.median(s[k] for s in seen)
+                                for k in ("steady", "wall", "faults"))  # fmt: skip
+        print(f"{side:12s} {steady:15.3f} {wall:16.1f} {faults:23.0f}  {each}")
     print(f"steady epoch clusterkit/torchrun: median {statistics.median(ratios):.3f}x "
           f"[{min(ratios):.3f}-{max(ratios):.3f}] (target <= 1.05x); medians over "
           "repetitions, the ratio per repetition")  # fmt: skip
