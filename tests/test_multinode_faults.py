@@ -84,6 +84,8 @@ def test_the_scheduler_node_cut_off(nodes: M.MultiNode, tmp_path: Path) -> None:
     try:
         assert sorted(job_nodes(nodes, "cutoff").values()) == list(M.NODES), nodes.queue()
         assert set(worker_processes(nodes)) == set(M.NODES)
+        before = clusterkit(nodes, "status", "cutoff", env=env)
+        assert before.returncode == 0 and not lost_lines(before.stdout), before.stdout
         nodes.cut_node(M.LOGIN)
         cut, cut_at = True, time.monotonic()
         while worker_processes(nodes):

@@ -245,6 +245,8 @@ class JobQueueBackend(Backend):
         row per worker lost (``kind="lost"``, its one line the detail)."""
         ids = job_ids(cluster, current=True)  # not the jobs already replaced
         known = self.QUEUE.jobs(ids)
+        seen = getattr(cluster, "job_nodes", {})  # the lost-worker record's: job -> node
+        seen.update({job: info.nodes for job, info in known.items() if info.nodes})
         workers = {
             str(job.job_id): str(name)
             for name, job in list(getattr(cluster, "workers", {}).items())

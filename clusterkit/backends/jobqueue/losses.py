@@ -70,7 +70,8 @@ def job_of(cluster: Any, worker: str) -> str:
 class LostWorkers(SchedulerPlugin):
     """Records each lost worker in ``cluster.losses``. The node of each worker's job is asked
     of the batch queue when the worker joins (batched, off the event loop), while the queue
-    still answers: a node cut off may take the batch system's controller with it."""
+    still answers: a node cut off may take the batch system's controller with it; ``status``
+    adds what it sees (``cluster.job_nodes``), and a loss whose node is still unknown asks."""
 
     name = "clusterkit-lost-workers"
 
@@ -81,6 +82,7 @@ class LostWorkers(SchedulerPlugin):
         self.nodes: dict[str, str] = {}  # job -> its node(s)
         self.asking: set[str] = set()  # jobs whose node is to be asked
         cluster.losses = []
+        cluster.job_nodes = self.nodes
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         state = scheduler.workers.get(worker)
@@ -108,6 +110,14 @@ class LostWorkers(SchedulerPlugin):
         if why is None:
             return
         node = f"node {self.nodes[job]}" if job in self.nodes else f"host {host}"
+        loss = Loss(name, job, node, time.time(), why)
         losses: list[Loss] = self.cluster.losses
-        losses.append(Loss(name, job, node, time.time(), why))
+        losses.append(loss)
         del losses[:-KEPT]
+        if job and job not in self.nodes:
+            asyncio.get_running_loop().run_in_executor(None, self._find_node, loss)
+
+    def _find_node(self, loss: Loss) -> None:
+        self._find_nodes([loss.job])
+        if loss.job in self.nodes:
+            loss.node = f"node {self.nodes[loss.job]}"
