@@ -118,7 +118,8 @@ def test_a_checkpointed_attempt_counts_toward_its_trials_outcome() -> None:
     ledger.lost(1, 20.0, cause=OSError("worker gone"))
     ledger.started(0, "b", 31.0)
     assert ledger.account().total["lost"] == pytest.approx(30.0 + 20.0 + 0.0)
-    ledger.ended(0, {"worker": "b", "start": 31.0, "end": 41.0, "state": "COMPLETE"})
+    before = ledger.ended(0, {"worker": "b", "start": 31.0, "end": 41.0, "state": "COMPLETE"})
+    assert before == 30.0  # the trial ran 40 s in all: placement's estimate counts them
     ledger.until = 50.0
     result = ledger.account()
     assert result.trials[0] == {"finished": 40.0}

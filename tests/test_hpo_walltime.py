@@ -74,6 +74,19 @@ def test_seconds_left_and_completed_durations() -> None:
     assert completed_durations(trials) == [42.0]
 
 
+@pytest.mark.unit
+def test_a_resumed_trial_counts_its_whole_run_in_the_likely_duration() -> None:
+    """A trial that resumed from a checkpoint took its attempts' run in all, not its last one's:
+    the p90 that places trials is not lowered by short resumed attempts."""
+    from clusterkit.runners.hpo.dispatch import WalltimeGuard
+
+    guard = WalltimeGuard(None, SimpleNamespace(get_trials=lambda deepcopy: []), 30.0)  # type: ignore[arg-type]
+    for _ in range(MIN_FINISHED):
+        record = {"state": "COMPLETE", "start": 100.0, "end": 105.0}
+        guard.finished(record, before=35.0)  # 35 s till it saved, 5 s after the resume
+    assert guard.need == pytest.approx(40.0)
+
+
 # ------------------------------------------------------------------ a real LocalCluster
 
 SHORT_LIFETIME = "12s"
@@ -132,3 +145,28 @@ def test_placement_avoids_the_worker_ending_first_and_retires_it(
     assert again == {}
     retired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retiring")]
     assert len(retired) == 1 and short in retired[0], retired
+
+
+@pytest.mark.local
+def test_a_trial_placed_on_workers_that_all_left_goes_to_a_fresh_one() -> None:
+    """A task placed (loosely) on a worker that left while no other ran waits in ``no-worker``,
+    and Dask does not hand it to a fresh worker its restrictions do not name; free_stranded
+    (the search runs it when workers join) does."""
+    from distributed import Client, LocalCluster
+
+    from clusterkit.runners.hpo.dispatch import free_stranded
+
+    options = {"n_workers": 1, "threads_per_worker": 1, "processes": False}
+    with LocalCluster(dashboard_address=":0", **options) as cluster, Client(cluster) as client:
+        (gone,) = client.scheduler_info(n_workers=-1)["workers"]
+        cluster.scale(0)
+        deadline = time.monotonic() + 30
+        while client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        future = client.submit(abs, -2, workers=[gone], allow_other_workers=True, pure=False)
+        cluster.scale(1)
+        client.wait_for_workers(1, timeout=30)
+        time.sleep(1.0)
+        assert future.status == "pending"  # Dask's gap: stranded, the fresh worker idle
+        assert client.run_on_scheduler(free_stranded) == [str(future.key)]
+        assert future.result(timeout=30) == 2

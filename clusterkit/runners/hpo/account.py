@@ -345,16 +345,19 @@ class Ledger:
         self.running[trial] = (worker, stamp)
         self.joined.setdefault(worker, max(self.since, stamp))
 
-    def ended(self, trial: int, record: Mapping[str, Any]) -> None:
-        """A trial's record (worker, start, end, state): its last attempt's segment."""
+    def ended(self, trial: int, record: Mapping[str, Any]) -> float:
+        """A trial's record (worker, start, end, state): its last attempt's segment; the
+        seconds its checkpointed attempts ran before (they count toward it too)."""
         self.running.pop(trial, None)
+        kept = self.kept.pop(trial, []) if "start" in record and "end" in record else []
         if "start" in record and "end" in record:
             outcome = BY_STATE.get(record["state"], "failed")
             worker, start, end = record["worker"], record["start"], record["end"]
-            self.segments += [s._replace(outcome=outcome) for s in self.kept.pop(trial, [])]
+            self.segments += [s._replace(outcome=outcome) for s in kept]
             self.segments.append(
                 Segment(worker, trial, start, end, trial_slots(self.resources), outcome)
             )
+        return sum(s.end - s.start for s in kept)
 
     def lost(self, trial: int, stamp: float | None = None, cause: object = None) -> None:
         """The open attempt of ``trial`` was lost: it ends when its worker left, if that is

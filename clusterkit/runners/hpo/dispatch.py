@@ -187,10 +187,12 @@ class WalltimeGuard:
         """Placement is on: a trial's likely duration is known and some worker has an end."""
         return self.need is not None and any(end is not None for end in self.ends.values())
 
-    def finished(self, record: dict[str, Any]) -> None:
-        """A trial's record: a completed one's duration counts (pruned ones end early)."""
+    def finished(self, record: dict[str, Any], before: float = 0.0) -> None:
+        """A trial's record: a completed one's duration counts (pruned ones end early), with
+        the ``before`` seconds its attempts ran till they saved a checkpoint (a resumed
+        trial's last attempt alone would make trials look shorter than they are)."""
         if record["state"] == "COMPLETE":
-            self.durations.append(record["end"] - record["start"])
+            self.durations.append(record["end"] - record["start"] + before)
             self.need = walltime.likely_duration(self.durations, self.hint)
 
     def refresh(self) -> None:
@@ -225,6 +227,17 @@ class WalltimeGuard:
             if answer is not None:
                 self.ending_from[worker] = answer[1]
         self.asking.difference_update(workers)
+        if any(end is not None for end in self.ends.values()):  # trials were placed: new workers
+            self._free_stranded()
+
+    def _free_stranded(self) -> None:
+        try:
+            freed = self.client.run_on_scheduler(free_stranded)
+        except Exception as error:  # the cluster is going: the loop hears of it by itself
+            logger.debug("could not free stranded trials: %s", error)
+            return
+        if freed:
+            logger.info("%s waited for workers that left: any worker takes them", ", ".join(freed))
 
     def restrictions(self, inflight: Any) -> dict[str, Any]:
         """``client.submit``'s keywords placing the next trial (none: anywhere), given the
@@ -267,3 +280,27 @@ class WalltimeGuard:
             await scheduler.retire_workers(workers=workers, close_workers=True)
         except OSError as error:  # the scheduler is briefly unreachable: the lifetime ends it
             logger.debug("could not retire %s: %s", workers, error)
+
+
+def free_stranded(dask_scheduler: Any) -> list[str]:
+    """Run on the scheduler: tasks waiting for a worker (``no-worker``) whose loose worker
+    restrictions (``allow_other_workers``) name only workers that left lose them and go to a
+    running worker; their keys. Dask hands such a task only to a joining worker its
+    restrictions name: a trial placed on workers whose jobs all ended before a fresh one
+    started would wait forever."""
+    import time
+
+    freed = [
+        ts
+        for ts in list(dask_scheduler.unrunnable)
+        if ts.loose_restrictions
+        and ts.worker_restrictions
+        and not any(address in dask_scheduler.workers for address in ts.worker_restrictions)
+    ]
+    for ts in freed:
+        ts.worker_restrictions = None
+        ts.loose_restrictions = False
+    if freed:
+        stimulus = f"clusterkit-free-stranded-{time.time()}"
+        dask_scheduler.transitions({ts.key: "processing" for ts in freed}, stimulus_id=stimulus)
+    return [str(ts.key) for ts in freed]

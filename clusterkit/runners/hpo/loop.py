@@ -353,10 +353,10 @@ class SearchLoop:
         import cloudpickle
 
         records.apply_record(self.storage, attempt.trial_id, record)
-        self.ledger.ended(attempt.number, record)
+        before = self.ledger.ended(attempt.number, record)  # its checkpointed attempts' run
         if "start" in record and "end" in record:
             self._longest = max(self._longest, record["end"] - record["start"])
-            self.walltime.finished(record)
+            self.walltime.finished(record, before)
         if record.get("traceback"):  # the one line goes to the terminal, this to the log
             logger.debug("trial %s failed:\n%s", attempt.number, record["traceback"])
         self._tell(attempt, record["state"], record["values"], record["error"])
