@@ -46,6 +46,13 @@ def lost_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("lost: ")]
 
 
+def stamp_seconds(line: str, near: float) -> float:
+    """The ``at HH:MM:SS`` of a lost line as a ``time.time()`` stamp, on the day of ``near``."""
+    stamp = line.split(" at ")[1].split()[0]
+    day = time.strftime("%Y-%m-%d ", time.localtime(near))
+    return time.mktime(time.strptime(day + stamp, "%Y-%m-%d %H:%M:%S"))
+
+
 def search(nodes: M.MultiNode, env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen[str]:
     """``clusterkit hpo ARGS`` on the login node, in the background, its output piped."""
     command = [*nodes.enter(), sys.executable, "-m", "clusterkit", "hpo", *args, "--no-progress"]
@@ -87,7 +94,7 @@ def test_the_scheduler_node_cut_off(nodes: M.MultiNode, tmp_path: Path) -> None:
         before = clusterkit(nodes, "status", "cutoff", env=env)
         assert before.returncode == 0 and not lost_lines(before.stdout), before.stdout
         nodes.cut_node(M.LOGIN)
-        cut, cut_at = True, time.monotonic()
+        cut, cut_at, cut_clock = True, time.monotonic(), time.time()
         while worker_processes(nodes):
             assert time.monotonic() - cut_at < CUT_BOUND, worker_processes(nodes)
             time.sleep(0.2)
@@ -106,6 +113,9 @@ def test_the_scheduler_node_cut_off(nodes: M.MultiNode, tmp_path: Path) -> None:
         assert len(lost) == 3 and all("(its connection closed)" in line for line in lost), lost
         for node in M.NODES:
             assert sum(f" on node {node} at " in line for line in lost) == 1, status.stdout
+        after = sorted(stamp_seconds(line, cut_clock) - cut_clock for line in lost)
+        print(f"the scheduler dropped the workers {after[0]:.0f}-{after[-1]:.0f}s after the cut")
+        assert after[0] > -1 and after[-1] < CUT_BOUND, after  # stamps in whole seconds
         down = clusterkit(nodes, "down", "cutoff", env=env)
         print(f"`down` (exit {down.returncode}): {down.stdout}{down.stderr}")
         assert down.returncode == 0, down.stdout + down.stderr
@@ -192,11 +202,7 @@ def test_a_dead_nodes_workers_are_replaced_and_status_shows_the_loss(
         assert len(lost) == 1 and lost[0].startswith("lost: worker lose-"), status.stdout
         assert f" of job {n3_job} on node n3 at " in lost[0], lost
         assert lost[0].endswith("(its connection closed)"), lost
-        stamp = lost[0].split(" at ")[1].split()[0]
-        at = time.strptime(
-            time.strftime("%Y-%m-%d ", time.localtime(clock)) + stamp, "%Y-%m-%d %H:%M:%S"
-        )
-        assert abs(time.mktime(at) - clock) < 30, (stamp, clock)  # when it died, not later
+        assert abs(stamp_seconds(lost[0], clock) - clock) < 30, lost  # when it died, not later
         scaled = clusterkit(nodes, "scale", "lose", "3", env=env, timeout=200)
         recovered = time.monotonic() - killed_at
         print(f"`scale lose 3` returned (exit {scaled.returncode}) {recovered:.1f}s after n3 died:"
