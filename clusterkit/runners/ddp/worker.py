@@ -73,6 +73,17 @@ def abort(key: str) -> int:
     return len(procs)
 
 
+def terminate(key: str) -> int:
+    """Send SIGTERM to this worker's rank processes of run attempt ``key`` (client.run): asked
+    to end, as torchrun's agent and a batch system ask before a kill (:func:`abort` kills)."""
+    with _lock:
+        procs = list(_running.get(key, ()))
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    return len(procs)
+
+
 def _set_profiler(worker: Any, pause: bool) -> None:
     """Pause the worker's 10 ms stack sampler while ranks run (it competes for the CPU)."""
     global _profiler_pauses

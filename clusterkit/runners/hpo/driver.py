@@ -126,9 +126,10 @@ def _search(
     (so far, when it stops: Ctrl-C, SIGTERM, `runs stop`); :class:`~.records.NoTrialCompleted`
     when the study holds no completed trial."""
     from clusterkit.runners.hpo.account import Ledger
+    from clusterkit.runners.hpo.gang_account import GangLedger
 
     inputs.recover_orphans(study)
-    ledger = Ledger(settings[1])  # the account of the hours, from now (single-rank loop)
+    ledger = (Ledger if settings[-1] is None else GangLedger)(settings[1])  # the hours, from now
     with report.written_if_stopped(study, out, ledger):
         drive(
             study,
@@ -211,7 +212,8 @@ def drive(
 ) -> SearchLoop:
     """Run the loop to its end with the progress display, if asked for, open around it;
     ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``, ``callbacks``:
-    see :func:`run`; ``ledger``: the :class:`.account.Ledger` a single-rank loop fills."""
+    see :func:`run`; ``ledger``: the :class:`.account.Ledger` the loop fills (a gang search's:
+    a :class:`.gang_account.GangLedger`)."""
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
     from clusterkit.runners.workdir.pickling import dumps
@@ -221,13 +223,13 @@ def drive(
     args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
     if gang is None:
         search = SearchLoop(*args, lookahead=lookahead, trial_walltime=trial_walltime)
-        search.ledger = ledger or search.ledger
-        if display is not None:  # the account so far on the progress line
-            display.ledger = search.ledger
     else:
         from clusterkit.runners.hpo.gang_loop import GangLoop
 
-        search = GangLoop(*args, gang=gang)
+        search = GangLoop(*args, gang=gang, trial_walltime=trial_walltime)
+    search.ledger = ledger or search.ledger
+    if display is not None:  # the account so far on the progress line
+        display.ledger = search.ledger
     search.order = InOrder(study, callbacks)
     inputs.say_if_done(study, search.done, n_trials)
     try:

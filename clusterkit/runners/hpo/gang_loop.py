@@ -6,13 +6,14 @@ environment, a fresh rendezvous port per launch, a torch process group left init
 destroyed when the rank process ends. The driver holds the trial: it samples each parameter
 when a rank first asks for it (every rank gets the same value) and decides pruning on rank 0's
 values. A rank that raises or loses its worker ends every rank of its trial. A trial that lost
-a rank's worker (or a rank process killed by a signal: out of memory, walltime) is retried whole,
-first in line, up to ``max_retries`` times, as a one-rank trial whose worker died; one whose
-objective raised fails at once.
+a rank's worker (or a rank killed by a signal: out of memory, walltime) is retried whole, first
+in line, up to ``max_retries`` times; one whose objective raised fails at once; one whose worker
+is ending resumes elsewhere from its checkpoint (:mod:`.gang_preemption`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -24,8 +25,11 @@ from clusterkit.errors import BadInput
 from clusterkit.runners.ddp import placement as ddp_placement
 from clusterkit.runners.hpo import dispatch, gangs, inputs, records
 from clusterkit.runners.hpo.dispatch import Attempt, lost_rank
+from clusterkit.runners.hpo.gang_account import GangLedger, held_by
+from clusterkit.runners.hpo.gang_preemption import GangWatch, agree
 from clusterkit.runners.hpo.gangs import GangOptions
 from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
+from clusterkit.runners.hpo.preemption import TrialInterrupted
 
 if TYPE_CHECKING:
     import optuna
@@ -60,8 +64,8 @@ class GangAttempt(Attempt):
 class GangLoop(SearchLoop):
     """:class:`SearchLoop` with every trial run as a gang of ranks."""
 
-    def __init__(self, *args: Any, gang: GangOptions) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, gang: GangOptions, trial_walltime: float | None = None) -> None:
+        super().__init__(*args, trial_walltime=trial_walltime)  # type: ignore[misc]
         from clusterkit.runners.ddp.driver import prepare
         from clusterkit.runners.workdir.once import Collector
 
@@ -72,6 +76,8 @@ class GangLoop(SearchLoop):
         self.policy = gangs.GangPolicy()  # which waiting trials start; learns durations by size
         self.space: dict[str, Any] = {}  # distributions seen: sampled before a callable sizes
         self.interfaces: dict[str, dict[str, str]] = {}
+        self.watch = GangWatch(self.client, self.walltime)  # gangs whose workers are ending
+        self.ledger: GangLedger = GangLedger(self.resources)  # each gang holds its k slots
         for frozen in self.study.get_trials(deepcopy=False):
             self.space.update(frozen.distributions)
         prepare(self.client)  # spare rank processes: a launch takes well under a second
@@ -102,12 +108,15 @@ class GangLoop(SearchLoop):
         self._slots_value = max(1, len(slots))
 
     def _workers_seen(self, workers: dict[str, Any]) -> None:
+        self.ledger.seen(workers)
+        self.walltime.live = set(workers)
         if set(workers) != self.live:  # the layout changes on the loop's own thread
             self.inbox.put(("event", {"kind": "slots", "workers": workers}))
 
     def _recheck(self) -> None:
         super()._recheck()
         self._refresh_slots()  # a worker lost mid-trial is seen even when nothing else happens
+        self.watch.check(self._running(), self._fail_gang)
 
     def _running(self) -> list[GangAttempt]:
         return [a for a in self._gangs() if a.futures]
@@ -118,14 +127,18 @@ class GangLoop(SearchLoop):
     # ------------------------------------------------------------------ dispatch
 
     def _fill(self) -> None:
+        self.walltime.refresh()  # the ends of workers new since
         lookahead = 1 if isinstance(self.options.ranks, int) else max(1, len(self.layout))
-        while (
-            len(self.line) < lookahead
-            and self.done + len(self.inflight) < self.n_trials
-            and not self._past_deadline()
-        ):
-            self._enqueue(self._ask())
-        self._start_ready()
+        waiting = len(self.line) + 1
+        while len(self.line) < waiting:  # till none starts: each start makes room in line
+            while (
+                len(self.line) < lookahead
+                and self.done + len(self.inflight) < self.n_trials
+                and not self._past_deadline()
+            ):
+                self._enqueue(self._ask())
+            waiting = len(self.line)
+            self._start_ready()
         self._refresh_slots()
 
     def _past_deadline(self) -> bool:
@@ -156,10 +169,11 @@ class GangLoop(SearchLoop):
             why = f"it needs {attempt.size} rank slots, the cluster has {len(self.layout)}"
             self._tell(attempt, "FAIL", error=why)
         held = {slot for gang in self._running() for slot in gang.slots}
-        free = [s for s in self.layout if s not in held]
+        line = [(n, self._gang(n).size) for n in self.line]
+        need = self.policy.estimate(self.policy.head(line) or 1) or self.walltime.hint
+        free = self.watch.usable([s for s in self.layout if s not in held], need)
         now = time.monotonic()
         running = [self.policy.gang(g.size, g.launched_at, now) for g in self._running()]
-        line = [(n, self._gang(n).size) for n in self.line]
         chosen = self.policy.place(line, free, running, now, self.options.placement)
         for number, slots in chosen:
             self.line.remove(number)
@@ -198,6 +212,7 @@ class GangLoop(SearchLoop):
             "study_name": self.study.study_name,
             "directions": self.directions,
             "params": dict(frozen.params),
+            "checkpoint_dir": self.options.checkpoint_dir,  # hpo.checkpoint_dir(trial)
             "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
         }
         unknown = [s for s in slots if s.worker not in self.interfaces]
@@ -223,6 +238,8 @@ class GangLoop(SearchLoop):
         attempt.launched_at, attempt.failed, attempt.aborted_at = time.monotonic(), False, math.inf
         attempt.workers = [s.worker for s in slots]
         attempt.futures = submit_ranks(self.client, specs, slots, self.interfaces)
+        self.watch.launched(attempt.number, attempt.key, attempt.workers)
+        self.ledger.launched(attempt.number, held_by(slots, self.ledger.unit), None)
         for future in attempt.futures:
             self.futures[future.key] = (attempt.number, future)
             future.add_done_callback(lambda f: self.inbox.put(("done", f.key)))
@@ -236,8 +253,8 @@ class GangLoop(SearchLoop):
             return
         if all(f.key != key for f in attempt.futures):
             return  # a rank of an earlier launch
-        if future.status != "finished":
-            self._fail_gang(attempt)
+        if future.status != "finished" and not self.watch.told(attempt.number):
+            self._fail_gang(attempt)  # told to end: its others end by themselves, or are killed
         if all(f.done() for f in attempt.futures):  # slots are freed when every rank ended
             self._ended(attempt)
 
@@ -262,14 +279,17 @@ class GangLoop(SearchLoop):
             self.client.cancel(lost, force=True)
 
     def _ended(self, attempt: GangAttempt) -> None:
+        import cloudpickle
+
         from clusterkit.runners.ddp.driver import cleanup, last_checkpoint
         from clusterkit.runners.ddp.group import first_failure
 
         futures, slots = attempt.futures, attempt.slots
         attempt.futures, attempt.slots = [], []
         run_id = f"{self.topic}-t{attempt.number}"
-        succeeded = all(f.status == "finished" for f in futures)
-        if succeeded:  # its scheduler state goes off the loop's thread: the slots are free now
+        finished = all(f.status == "finished" for f in futures)
+        record = cloudpickle.loads(futures[0].result()) if finished else None  # None: exited
+        if record is not None:  # its scheduler state goes off the loop's thread: slots free now
             self.janitor.submit(cleanup, self.client, run_id, attempt.starts + 1)
         else:  # before a retry saves again under the same names
             if self.options.checkpoint_dir is None:  # held by the scheduler: kept for a retry
@@ -278,33 +298,34 @@ class GangLoop(SearchLoop):
         self.storage.set_trial_user_attr(
             attempt.trial_id, inputs.ATTR_GANG, [s.worker for s in slots]
         )
-        if succeeded:
-            import cloudpickle
-
-            record = cloudpickle.loads(futures[0].result())
+        if record is not None:
+            self.watch.forget(attempt.number)
             record["worker"] = slots[0].worker
             self.policy.finished(attempt.size, time.monotonic() - attempt.launched_at)
             self._complete(attempt, record)
             self.space.update(self.storage.get_trial(attempt.trial_id).distributions)
             return
-        lost = lost_rank(futures, slots, self.live, attempt.aborted_at)
+        interrupted = self.watch.interrupted(attempt.number, futures)
+        lost = None if finished else lost_rank(futures, slots, self.live, attempt.aborted_at)
         cause = lost or first_failure(futures, slots, self.live)
         why = f"rank {cause.rank}: {cause.message}" if cause.rank is not None else cause.message
-        if cause.traceback:
+        why = interrupted or (why if not finished else "rank 0's objective exited, no value")
+        if cause.traceback and not interrupted:
             logger.debug("trial %s failed:\n%s", attempt.number, cause.traceback)
-        if lost is None:  # the objective's own error: never retried
+        if lost is None and interrupted is None:  # the objective's own error: never retried
+            self.ledger.ended(attempt.number, {"state": "FAIL"})
             self._tell(attempt, "FAIL", error=why)
             return
+        self.ledger.lost(attempt.number, cause=TrialInterrupted() if interrupted else None)
         if attempt.starts > self.max_retries:
+            self.ledger.ended(attempt.number, {"state": "FAIL"})
             self._tell(
                 attempt, "FAIL", error=f"trial failed after {attempt.starts} attempts: {why}"
             )
             return
-        logger.info(
-            "trial %s: %s; retrying it whole (retry %s)", attempt.number, why, attempt.starts
-        )
-        attempt.decisions.clear()
-        attempt.asking.clear()
+        again = "resuming it on workers with time left" if interrupted else "retrying it whole"
+        logger.info("trial %s: %s; %s (retry %s)", attempt.number, why, again, attempt.starts)
+        attempt.decisions, attempt.asking = {}, {}
         self.line.insert(0, attempt.number)
         self.policy.first(attempt.number)
 
@@ -324,9 +345,11 @@ class GangLoop(SearchLoop):
         kind = msg.get("kind")
         if kind == "slots":
             self._set_layout(msg["workers"])
+            self.watch.seen(msg["workers"])  # gangs on retiring workers: told, then killed
             for attempt in self._running():
-                if any(s.worker not in self.live for s in attempt.slots):
+                if any(s.worker not in msg["workers"] for s in attempt.slots):
                     self._fail_gang(attempt)
+            self.watch.check(self._running(), self._fail_gang)
             self._fill()
             return
         gang = self.inflight.get(msg.get("number", -1))
@@ -336,7 +359,10 @@ class GangLoop(SearchLoop):
             if kind == "suggest":
                 self._answer(msg["reply"], self._suggest(gang, msg))
             elif kind == "prune":
-                self._prune(gang, msg)
+                decide = functools.partial(self._decide_prune, gang, msg["intermediate"])
+                agree(gang.decisions, gang.asking, msg, decide, self._answer)
+            elif kind == "checkpoint":  # hpo.should_checkpoint(): the same on every rank
+                self.watch.answer(gang.number, msg, self._answer)
             else:
                 records.apply_write(self.storage, gang.trial_id, msg)
         except Exception as error:  # a message racing the trial's end must not stop the search
@@ -351,20 +377,6 @@ class GangLoop(SearchLoop):
         except Exception as error:  # e.g. a distribution unlike the one sampled before
             return {"error": f"{type(error).__name__}: {error}"}
         return {"value": value}
-
-    def _prune(self, attempt: GangAttempt, msg: dict[str, Any]) -> None:
-        """Rank 0's question is decided; the others get the same answer for the same step."""
-        step = int(msg["step"])
-        if msg["rank"] != 0:
-            if step in attempt.decisions:
-                self._answer(msg["reply"], attempt.decisions[step])
-            else:
-                attempt.asking.setdefault(step, []).append(msg["reply"])
-            return
-        decision = self._decide_prune(attempt, msg["intermediate"])
-        attempt.decisions[step] = decision
-        for reply in [msg["reply"], *attempt.asking.pop(step, [])]:
-            self._answer(reply, decision)
 
     # ------------------------------------------------------------------ display, watchdog
 

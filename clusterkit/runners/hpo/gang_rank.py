@@ -203,11 +203,33 @@ def rank_context() -> Any:
     return _context[-1]
 
 
+class CheckpointAsk:
+    """``hpo.should_checkpoint()`` in a rank: the driver's answer for this rank's n-th call,
+    the same on every rank (:mod:`.gang_preemption`). SIGTERM (the driver's, or the batch
+    system's) is noted, not fatal, while the objective has no handler of its own."""
+
+    def __init__(self, link: DriverLink) -> None:
+        self.link = link
+        self.calls = 0
+        self.signalled = False
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return bool(self.link.ask("checkpoint", call=self.calls, signalled=self.signalled))
+
+    def noted(self, signum: int, frame: Any) -> None:
+        self.signalled = True
+
+
 def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str, Any]:
     """Run the objective as this rank of the trial; rank 0's record is the trial's result.
 
     An exception propagates: the driver ends every rank of the trial and retries it whole.
     """
+    import signal
+
+    from clusterkit.runners.hpo.preemption import trial_context
+
     _fresh_module_state()
     _accept_distributed_trials()
     link = DriverLink(ctx, info)
@@ -217,11 +239,15 @@ def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str,
     start = time.time()
     _context.append(ctx)
     _trials.append(trial)
+    asks = CheckpointAsk(link)
+    previous = signal.signal(signal.SIGTERM, asks.noted)
     try:
-        record.update(state=TrialState.COMPLETE.name, values=objective(trial))
+        with trial_context(info["number"], info.get("checkpoint_dir"), None, asks):
+            record.update(state=TrialState.COMPLETE.name, values=objective(trial))
     except optuna.TrialPruned:
         record.update(state=TrialState.PRUNED.name, values=None)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         _context.pop()
         _trials.pop()
     frozen = trial.storage.get_trial(trial._trial_id)

@@ -53,12 +53,13 @@ class TrialInterrupted(Exception):
 
 @dataclass(frozen=True)
 class TrialContext:
-    """What a running one-rank trial's helpers need: its number, where its checkpoints go, how
-    long before the worker's end to ask for one."""
+    """What a running trial's helpers need: its number, where its checkpoints go, how long
+    before the worker's end to ask for one; a gang's rank: ``ask``, the driver's answer."""
 
     number: int
     checkpoint_dir: str | None
     lead: float | None
+    ask: Callable[[], bool] | None = None
 
 
 _local = threading.local()  # the trial running on this thread (a worker runs several)
@@ -84,9 +85,14 @@ class Resumable:
 
 
 @contextmanager
-def trial_context(number: int, checkpoint_dir: str | None, lead: float | None) -> Iterator[None]:
-    """Around the objective's call on a worker thread."""
-    _local.context = TrialContext(number, checkpoint_dir, lead)
+def trial_context(
+    number: int,
+    checkpoint_dir: str | None,
+    lead: float | None,
+    ask: Callable[[], bool] | None = None,
+) -> Iterator[None]:
+    """Around the objective's call on a worker thread (or in a gang's rank process: ``ask``)."""
+    _local.context = TrialContext(number, checkpoint_dir, lead, ask)
     try:
         yield
     finally:
@@ -148,10 +154,14 @@ def hold_if_ending(dask_worker: Any, lead: float | None) -> bool:
 def should_checkpoint() -> bool:
     """True when the worker running this trial is about to end: save a checkpoint in
     :func:`checkpoint_dir` and raise :class:`TrialInterrupted` to resume on another worker.
-    False outside a trial's task (the objective run elsewhere, e.g. in a test of its own)."""
+    False outside a trial's task (the objective run elsewhere, e.g. in a test of its own).
+    In a gang's rank it asks the driver, which gives every rank the same answer at the same
+    call (:mod:`.gang_preemption`): every rank calls it at the same points."""
     context = _context()
     if context is None:
         return False
+    if context.ask is not None:
+        return context.ask()
     from distributed import get_worker
 
     try:
