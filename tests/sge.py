@@ -108,7 +108,8 @@ def with_node_hosts(*command: str) -> list[str]:
         HOSTS.parent.mkdir(parents=True, exist_ok=True)
         HOSTS.write_text(Path("/etc/hosts").read_text() + f"{NODE_ADDRESS} {NODE}\n")
     mount = 'mount --bind "$0" /etc/hosts && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, str(HOSTS), *command]
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    return [*unshare, "sh", "-c", mount, str(HOSTS), *command]
 
 
 def _qmaster_knows_node(pid: int) -> bool:
