@@ -303,3 +303,38 @@ def test_gangs_start_only_where_every_slot_has_the_time_left() -> None:
     assert [s.worker for s in watch.usable(slots, None)] == ["later", "never"]
     assert watch.ending(["never", "soon"], now).startswith("worker soon ends in")
     assert watch.ending(["never", "later"], now) is None
+
+
+@pytest.mark.unit
+def test_a_gang_killed_at_the_end_of_its_grace_is_lost_and_one_that_ended_is_kept() -> None:
+    from clusterkit.runners.ddp.worker import RankError
+
+    now = time.time()
+    guard = SimpleNamespace(ends={"w": now + 5, "v": None}, ending_from={"w": now - 1})
+    signalled: list[tuple[str, list[str]]] = []
+    client = SimpleNamespace(
+        run=lambda fn, key, workers, on_error: signalled.append((key, workers))
+    )
+    watch = gang_preemption.GangWatch(client, guard)
+    ended = SimpleNamespace(status="finished")
+    for number in (0, 1, 2):
+        watch.launched(number, f"k{number}", ["w", "v"] if number < 2 else ["v"])
+    assert watch.tell(0) and watch.tell(1) and not watch.tell(2)  # trial 2 is on "v" only
+    assert signalled == [("k0", ["v", "w"]), ("k1", ["v", "w"])]  # SIGTERM to every rank
+    assert watch.notices[0].kill_at == pytest.approx(now + 5)  # SIGKILL at the worker's end
+    why, saved = watch.interrupted(0, [ended, ended])  # type: ignore[misc]
+    assert why.startswith("worker w ends in ") and saved
+    assert why.endswith("s: its ranks were told to end, and ended")
+    watch.notices[1].kill_at = time.time() - 0.1  # its grace ran out
+    gang = SimpleNamespace(number=1, key="k1", failed=False)
+    killed: list[object] = []
+    watch.check([gang], killed.append)
+    assert killed == [gang]
+    assert watch.interrupted(1, [ended]).saved is False  # type: ignore[union-attr]
+    error = RankError(1, "TrialInterrupted", "saved at step 3", "", 0.0)
+    raised = SimpleNamespace(status="error", exception=lambda: error)
+    assert watch.interrupted(2, [ended, raised]) == (
+        "rank 1 saved a checkpoint (saved at step 3)",
+        True,
+    )
+    assert watch.interrupted(3, [ended]) is None  # not told, nothing raised: not interrupted

@@ -19,7 +19,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from clusterkit.errors import BadInput
 from clusterkit.runners.ddp import placement as ddp_placement
@@ -180,9 +180,7 @@ class GangLoop(SearchLoop):
             self._launch(self._gang(number), slots)
 
     def _gang(self, number: int) -> GangAttempt:
-        attempt = self.inflight[number]
-        assert isinstance(attempt, GangAttempt)
-        return attempt
+        return cast(GangAttempt, self.inflight[number])
 
     def _drop_line(self) -> None:
         """Past the timeout: trials still waiting never started; they are not counted."""
@@ -309,21 +307,20 @@ class GangLoop(SearchLoop):
         lost = None if finished else lost_rank(futures, slots, self.live, attempt.aborted_at)
         cause = lost or first_failure(futures, slots, self.live)
         why = f"rank {cause.rank}: {cause.message}" if cause.rank is not None else cause.message
-        why = interrupted or (why if not finished else "rank 0's objective exited, no value")
+        why = interrupted.why if interrupted else why if not finished else "rank 0 exited, no value"
         if cause.traceback and not interrupted:
             logger.debug("trial %s failed:\n%s", attempt.number, cause.traceback)
         if lost is None and interrupted is None:  # the objective's own error: never retried
             self.ledger.ended(attempt.number, {"state": "FAIL"})
             self._tell(attempt, "FAIL", error=why)
             return
-        self.ledger.lost(attempt.number, cause=TrialInterrupted() if interrupted else None)
+        saved = interrupted is not None and interrupted.saved  # else its hours are lost
+        self.ledger.lost(attempt.number, cause=TrialInterrupted() if saved else None)
         if attempt.starts > self.max_retries:
             self.ledger.ended(attempt.number, {"state": "FAIL"})
-            self._tell(
-                attempt, "FAIL", error=f"trial failed after {attempt.starts} attempts: {why}"
-            )
-            return
-        again = "resuming it on workers with time left" if interrupted else "retrying it whole"
+            why = f"trial failed after {attempt.starts} attempts: {why}"
+            return self._tell(attempt, "FAIL", error=why)
+        again = "resuming it on workers with time left" if saved else "retrying it whole"
         logger.info("trial %s: %s; %s (retry %s)", attempt.number, why, again, attempt.starts)
         attempt.decisions, attempt.asking = {}, {}
         self.line.insert(0, attempt.number)

@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from clusterkit.runners.hpo.dispatch import START_DELAY
 
@@ -60,6 +60,14 @@ def agree(
         answer(reply, decisions[at])
 
 
+class Ending(NamedTuple):
+    """Why a launch that ended unfinished ended where it was told to; ``saved``: its ranks
+    ended by themselves (they save), not killed at the end of their grace (hours lost)."""
+
+    why: str
+    saved: bool
+
+
 @dataclass
 class Notice:
     """A launch of a gang: the answers given at each call, and when it was told to end."""
@@ -71,6 +79,7 @@ class Notice:
     told: float | None = None  # time.time() when its ranks were told (and signalled)
     why: str = ""
     kill_at: float = math.inf
+    killed: bool = False  # its grace ran out
 
 
 class GangWatch:
@@ -125,6 +134,7 @@ class GangWatch:
             if notice.told is None:
                 self.tell(attempt.number)
             elif now >= notice.kill_at:
+                notice.killed = True
                 logger.info(
                     "trial %s: its ranks outlived their grace; killing them", attempt.number
                 )
@@ -168,18 +178,20 @@ class GangWatch:
 
         agree(notice.decisions, notice.asking, msg, decide, reply, step="call")
 
-    def interrupted(self, number: int, futures: Sequence[Any]) -> str | None:
+    def interrupted(self, number: int, futures: Sequence[Any]) -> Ending | None:
         """Why the launch that ended unfinished was interrupted (None: it was not): a rank
-        raised TrialInterrupted, or its ranks had been told to end."""
+        raised TrialInterrupted, or its ranks had been told to end (and ended, or were killed)."""
         from clusterkit.runners.ddp.worker import RankError
 
         notice = self.notices.pop(number, None)
         for future in futures:
             error = future.exception() if future.status == "error" else None
             if isinstance(error, RankError) and error.kind == "TrialInterrupted":
-                return f"rank {error.rank} saved a checkpoint ({error.message})"
+                return Ending(f"rank {error.rank} saved a checkpoint ({error.message})", True)
+        if notice is not None and notice.killed:
+            return Ending(f"{notice.why}: its ranks were killed at the end of their grace", False)
         if notice is not None and notice.told is not None:
-            return f"{notice.why}: its ranks were told to end"
+            return Ending(f"{notice.why}: its ranks were told to end, and ended", True)
         return None
 
     def told(self, number: int) -> bool:
