@@ -174,6 +174,7 @@ def torchrun_frozen_side(nodes: M.MultiNode, env: dict[str, str], script: Path, 
 
 SIDES = {"clusterkit": clusterkit_side, "torchrun": torchrun_side}
 FROZEN = "torchrun, cluster stopped"
+RUNNERS = {**SIDES, FROZEN: torchrun_frozen_side}
 
 #: What a process on a node is, by its command line (first match)
 KINDS = (("torchrun agent", ("torch.distributed.run",)),
@@ -234,7 +235,7 @@ def measure(side: str, nodes: M.MultiNode, env: dict[str, str], script: Path, ep
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     sampler = CpuSampler(nodes)
-    SIDES[side](nodes, env, script, out, epochs, rep)
+    RUNNERS[side](nodes, env, script, out, epochs, rep)
     seen = json.loads(out.read_text())
     seen["cores"] = sampler.cores(*seen["window"])
     seen["wall"] = time.monotonic() - started
