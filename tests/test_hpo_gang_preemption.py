@@ -303,6 +303,9 @@ def test_gangs_start_only_where_every_slot_has_the_time_left() -> None:
     assert [s.worker for s in watch.usable(slots, None)] == ["later", "never"]
     assert watch.ending(["never", "soon"], now).startswith("worker soon ends in")
     assert watch.ending(["never", "later"], now) is None
+    watch.seen({"later": {"status": "closing_gracefully"}, "never": {"status": "running"}})
+    assert watch.ending(["never", "later"], now) == "worker later is retiring"  # retire_workers
+    assert [s.worker for s in watch.usable(slots, None)] == ["never"]
 
 
 @pytest.mark.unit

@@ -7,6 +7,8 @@ are the trial's; ``should_prune`` asks the driver on every rank, which decides o
 and gives each rank the same answer for the same step. Objectives written for Optuna's
 ``TorchDistributedTrial`` run unchanged (:func:`_accept_distributed_trials`), and a rank process
 kept for the next trial starts it with fresh state in the modules that cached a process group.
+``hpo.should_checkpoint()`` asks the driver (the same answer on every rank at the same call) and
+SIGTERM is noted, not fatal, unless the objective traps it itself (:mod:`.gang_preemption`).
 """
 
 from __future__ import annotations
