@@ -448,3 +448,27 @@ if __name__ == "__main__":  # bring it up and down once: `python -m tests.multin
     started = time.monotonic()
     up.stop()
     print(f"down in {time.monotonic() - started:.2f}s")
+
+
+#: A search's objective that notes the host each trial ran on (``objective.py`` of a project)
+OBJECTIVE = """\
+import socket
+import time
+
+
+def objective(trial):
+    x = trial.suggest_float("x", -5, 5)
+    trial.set_user_attr("host", socket.gethostname())
+    time.sleep(1.0)
+    return (x - 1) ** 2
+"""
+
+
+def trials(storage: str, name: str) -> list[Any]:
+    """Study ``name``'s trials in ``storage`` as they stand; none before it is created."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:  # not created yet
+        return []

@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -325,17 +325,16 @@ def slurm_start(job: str) -> float:
     return datetime.fromisoformat(match.group(1)).timestamp()
 
 
-@pytest.mark.slurm
-def test_a_slurm_search_counts_a_job_from_its_start(slurm: object, tmp_path: Path) -> None:
-    """A job started mid-search (scaled up after trial 2): its worker holds its core from the
-    job's start as SLURM reports it, before the worker registered; the account adds up."""
+def search_with_a_late_job(profile: Path, tmp_path: Path, start_of: Callable[[str], float]) -> None:
+    """Up ``profile`` (one job) and search, scaling to two jobs after trial 2: the late job's
+    worker holds its core from the job's start as ``start_of(job)`` (asked while the jobs run)
+    gives it, before the worker registered; the account adds up to the held time."""
     from clusterkit import api
     from clusterkit.client import get_client
-    from tests.test_slurm import profile_file
 
     namespace: dict[str, object] = {}
     exec(SLURM_OBJECTIVE, namespace)  # a plain function, pickled by value to the workers
-    record = api.up(profile_file(tmp_path, "acct", workers=1, walltime="00:05:00"))
+    record = api.up(profile)
 
     def scale_up(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.number == 2:
@@ -355,14 +354,26 @@ def test_a_slurm_search_counts_a_job_from_its_start(slurm: object, tmp_path: Pat
         found = json.loads((tmp_path / "out" / "account.json").read_text())
         late = {w: v for w, v in found["workers"].items() if v["joined"] > found["since"]}
         assert late, f"the second job's worker did not join during the search: {found}"
-        for worker, held in late.items():
-            assert held["job"] and held["start"] < held["joined"], (worker, held)
-            assert held["start"] == pytest.approx(slurm_start(held["job"]), abs=1.0)
-            assert held["finished"] > 0, (worker, held)
+        starts = {held["job"]: start_of(held["job"]) for held in late.values() if held["job"]}
     finally:
         api.down(record.name)
+    for worker, held in late.items():
+        assert held.get("job") in starts, (worker, held, starts)
+        assert held["start"] < held["joined"], (worker, held)
+        assert held["start"] == pytest.approx(starts[held["job"]], abs=1.0)
+        assert held["finished"] > 0, (worker, held)
     assert sum(found[kind] for kind in account.KINDS) == pytest.approx(found["held"], rel=1e-9)
     assert found["finished"] == pytest.approx(seconds_by_state(study, "COMPLETE"), rel=1e-6)
+
+
+@pytest.mark.slurm
+def test_a_slurm_search_counts_a_job_from_its_start(slurm: object, tmp_path: Path) -> None:
+    """A job started mid-search: its worker holds its core from the job's start as SLURM
+    reports it (``scontrol show job``'s StartTime), before the worker registered."""
+    from tests.test_slurm import profile_file
+
+    profile = profile_file(tmp_path, "acct", workers=1, walltime="00:05:00")
+    search_with_a_late_job(profile, tmp_path, slurm_start)
 
 
 # ------------------------------------------------------------------ a real single-node Grid Engine
@@ -391,39 +402,7 @@ def sge_starts() -> dict[str, float]:
 def test_a_grid_engine_search_counts_a_job_from_its_start(sge: object, tmp_path: Path) -> None:
     """As on SLURM: a job started mid-search holds its core from the job's start as Grid Engine
     reports it (within 1 s: qstat gives whole seconds), before its worker registered."""
-    from clusterkit import api
-    from clusterkit.client import get_client
     from tests.test_sge import profile_file
 
-    namespace: dict[str, object] = {}
-    exec(SLURM_OBJECTIVE, namespace)
-    record = api.up(profile_file(tmp_path, "acct", walltime="00:05:00"))
-
-    def scale_up(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.number == 2:
-            api.scale(record.name, 2, wait=False)
-
-    try:
-        with get_client(record.name) as client:
-            study = hpo.run(
-                namespace["objective"],  # type: ignore[arg-type]
-                n_trials=24,
-                client=client,
-                progress=False,
-                storage=optuna.storages.InMemoryStorage(),
-                out=str(tmp_path / "out"),
-                callbacks=[scale_up],
-            )
-            starts = sge_starts()  # while the jobs run
-    finally:
-        api.down(record.name)
-    found = json.loads((tmp_path / "out" / "account.json").read_text())
-    late = {w: v for w, v in found["workers"].items() if v["joined"] > found["since"]}
-    assert late, f"the second job's worker did not join during the search: {found}"
-    for worker, held in late.items():
-        assert held.get("job") in starts, (worker, held, starts)
-        assert held["start"] < held["joined"], (worker, held)
-        assert held["start"] == pytest.approx(starts[held["job"]], abs=1.0)
-        assert held["finished"] > 0, (worker, held)
-    assert sum(found[kind] for kind in account.KINDS) == pytest.approx(found["held"], rel=1e-9)
-    assert found["finished"] == pytest.approx(seconds_by_state(study, "COMPLETE"), rel=1e-6)
+    profile = profile_file(tmp_path, "acct", walltime="00:05:00")
+    search_with_a_late_job(profile, tmp_path, lambda job: sge_starts()[job])

@@ -173,28 +173,6 @@ def test_train_four_ranks_over_two_nodes(nodes: M.MultiNode, tmp_path: Path) -> 
 # ------------------------------------------------------------------ a node dies mid-search
 
 
-OBJECTIVE = """\
-import socket
-import time
-
-
-def objective(trial):
-    x = trial.suggest_float("x", -5, 5)
-    trial.set_user_attr("host", socket.gethostname())
-    time.sleep(1.0)
-    return (x - 1) ** 2
-"""
-
-
-def _trials(storage: str) -> list[Any]:
-    import optuna
-
-    try:
-        return optuna.load_study(study_name="dies", storage=storage).get_trials(deepcopy=False)
-    except KeyError:  # not created yet
-        return []
-
-
 def test_a_node_dies_mid_search(nodes: M.MultiNode, tmp_path: Path) -> None:
     """Every process of node n3 killed mid-search, its slurmd included: `status` shows its
     job's worker lost; the search finishes on n1 and n2 with each trial once in the study;
@@ -202,7 +180,7 @@ def test_a_node_dies_mid_search(nodes: M.MultiNode, tmp_path: Path) -> None:
     import optuna
 
     (tmp_path / "project").mkdir()
-    (tmp_path / "project" / "objective.py").write_text(OBJECTIVE)
+    (tmp_path / "project" / "objective.py").write_text(M.OBJECTIVE)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
     done = clusterkit(nodes, "up", str(profile(tmp_path, "dies")), "--name", "dies", env=env)
@@ -221,7 +199,7 @@ def test_a_node_dies_mid_search(nodes: M.MultiNode, tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 180
-        while {t.user_attrs.get("host") for t in _trials(storage)} < set(M.NODES):
+        while {t.user_attrs.get("host") for t in M.trials(storage, "dies")} < set(M.NODES):
             assert search.poll() is None, search.communicate()[0]
             assert time.monotonic() < deadline, "no trial ran on every node"
             time.sleep(0.2)
@@ -242,7 +220,7 @@ def test_a_node_dies_mid_search(nodes: M.MultiNode, tmp_path: Path) -> None:
         print(f"search ended {took:.1f}s after n3 died; it printed (exit {search.returncode}):")
         print(output)
         assert search.returncode == 0, output
-        trials = _trials(storage)
+        trials = M.trials(storage, "dies")
         assert len(trials) == 24 and [t.number for t in trials] == list(range(24))
         complete = optuna.trial.TrialState.COMPLETE
         assert all(t.state == complete for t in trials), [t.state for t in trials]
@@ -502,7 +480,7 @@ def test_batch_search_over_a_three_node_allocation(nodes: M.MultiNode, tmp_path:
     import optuna
 
     (tmp_path / "project").mkdir()
-    (tmp_path / "project" / "objective.py").write_text(OBJECTIVE)
+    (tmp_path / "project" / "objective.py").write_text(M.OBJECTIVE)
     storage = f"sqlite:///{tmp_path / 'batch.db'}"
     env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
     path = profile(tmp_path, "batch", workers=6, cores=2, memory="1GiB")

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -142,28 +141,6 @@ def resume_drained(nodes: M.MultiNode) -> None:
 # ------------------------------------------------------------------ a dead node's workers replaced
 
 
-OBJECTIVE = """\
-import socket
-import time
-
-
-def objective(trial):
-    x = trial.suggest_float("x", -5, 5)
-    trial.set_user_attr("host", socket.gethostname())
-    time.sleep(1.0)
-    return (x - 1) ** 2
-"""
-
-
-def _trials(storage: str, name: str) -> list[Any]:
-    import optuna
-
-    try:
-        return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
-    except KeyError:  # not created yet
-        return []
-
-
 def test_a_dead_nodes_workers_are_replaced_and_status_shows_the_loss(
     nodes: M.MultiNode, tmp_path: Path
 ) -> None:
@@ -173,7 +150,7 @@ def test_a_dead_nodes_workers_are_replaced_and_status_shows_the_loss(
     import optuna
 
     (tmp_path / "project").mkdir()
-    (tmp_path / "project" / "objective.py").write_text(OBJECTIVE)
+    (tmp_path / "project" / "objective.py").write_text(M.OBJECTIVE)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     env = {"CLUSTERKIT_STATE_DIR": str(tmp_path / "state")}
     done = clusterkit(nodes, "up", str(profile(tmp_path, "lose")), "--name", "lose", env=env)
@@ -183,7 +160,7 @@ def test_a_dead_nodes_workers_are_replaced_and_status_shows_the_loss(
                      "--storage", storage, "--study-name", "lose")  # fmt: skip
     try:
         deadline = time.monotonic() + 180
-        while {t.user_attrs.get("host") for t in _trials(storage, "lose")} < set(M.NODES):
+        while {t.user_attrs.get("host") for t in M.trials(storage, "lose")} < set(M.NODES):
             assert running.poll() is None, running.communicate()[0]
             assert time.monotonic() < deadline, "no trial ran on every node"
             time.sleep(0.2)
@@ -217,7 +194,7 @@ def test_a_dead_nodes_workers_are_replaced_and_status_shows_the_loss(
         print(f"search ended {time.monotonic() - killed_at:.1f}s after n3 died "
               f"(exit {running.returncode}):\n{output[-1500:]}")  # fmt: skip
         assert running.returncode == 0, output
-        trials = _trials(storage, "lose")
+        trials = M.trials(storage, "lose")
         assert [t.number for t in trials] == list(range(30)), [t.number for t in trials]
         assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
         done = clusterkit(nodes, "down", "lose", env=env)
