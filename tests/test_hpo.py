@@ -94,13 +94,15 @@ def pruned_objective(trial: optuna.Trial) -> float:
 
 def test_pruning_is_decided_on_the_driver(client: object, tmp_path: Path) -> None:
     pruner = RecordingPruner()
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), pruner=pruner)
+    # each way a trial ends, whatever the sampler draws: pruned at step 0 or 2, failed, complete
+    for x in (0.9, 0.2, 0.01, 0.495, 0.7, 0.3, 0.03, 0.6, 0.1, 0.51):
+        study.enqueue_trial({"x": x})
     study = hpo.run(
         pruned_objective,
         n_trials=10,
         client=client,  # type: ignore[arg-type]
-        storage=optuna.storages.InMemoryStorage(),
-        sampler=optuna.samplers.RandomSampler(seed=1),
-        pruner=pruner,
+        study=study,
         progress=False,
         out=str(tmp_path / "out"),
     )
@@ -118,8 +120,8 @@ def test_pruning_is_decided_on_the_driver(client: object, tmp_path: Path) -> Non
         if over is not None:
             assert trial.state.name == "PRUNED"
             assert list(trial.intermediate_values) == list(range(over + 1))
-        elif trial.state.name == "FAIL":
-            assert "x too small" in trial.user_attrs[ATTR_ERROR]
+        elif x < 0.05:
+            assert trial.state.name == "FAIL" and "x too small" in trial.user_attrs[ATTR_ERROR]
         else:
             assert trial.state.name == "COMPLETE" and trial.value == pytest.approx(x)
     files = {p.name for p in (tmp_path / "out").iterdir()}
