@@ -11,11 +11,18 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from clusterkit.client import DEFAULT_TIMEOUT
 from clusterkit.errors import BadInput, ClusterkitError
 
 if TYPE_CHECKING:
     from clusterkit.runs.records import RunRecord
     from clusterkit.runs.spec import RunSpec
+
+
+#: Seconds a detached run's driver waits for its cluster's scheduler. Nobody watches it, and a
+#: failed start costs the whole run, so it waits longer than a terminal's get_client (30 s): a
+#: Kubernetes API server under load took more than 30 s to hand the scheduler's Service over.
+DRIVER_ATTACH_TIMEOUT = 180.0
 
 
 def prepare(spec: RunSpec) -> Any:
@@ -30,18 +37,19 @@ def prepare(spec: RunSpec) -> Any:
     return training.prepare(spec)
 
 
-def execute(spec: RunSpec, prepared: Any = None) -> int:
+def execute(spec: RunSpec, prepared: Any = None, *, attach_timeout: float = DEFAULT_TIMEOUT) -> int:
     """Run ``spec`` from this process, showing what the CLI shows; its exit status (0, or
     130 for an interrupted training). Errors are raised (ClusterkitError, KeyboardInterrupt).
-    ``prepared``: :func:`prepare`'s result, when the caller has it already."""
+    ``prepared``: :func:`prepare`'s result, when the caller has it already;
+    ``attach_timeout``: seconds to wait for the cluster's scheduler."""
     prepared = prepare(spec) if prepared is None else prepared
     if spec.kind == "hpo":
         from clusterkit.runs import search
 
-        return search.run(spec, prepared)
+        return search.run(spec, prepared, attach_timeout)
     from clusterkit.runs import training
 
-    return training.run(spec, prepared)
+    return training.run(spec, prepared, attach_timeout)
 
 
 def recorded_spec(record: RunRecord) -> RunSpec:
@@ -60,7 +68,7 @@ def driver_main(record: RunRecord) -> int:
     from clusterkit import console
 
     try:
-        return execute(recorded_spec(record))
+        return execute(recorded_spec(record), attach_timeout=DRIVER_ATTACH_TIMEOUT)
     except ClusterkitError as error:
         if os.environ.get("CLUSTERKIT_DEBUG"):
             raise

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterkit.client import DEFAULT_TIMEOUT
+
 if TYPE_CHECKING:
     from clusterkit.runs.spec import HpoOptions, RunSpec
 
@@ -112,11 +114,12 @@ def detached(spec: RunSpec, search: Search) -> RunSpec:
     )
 
 
-def run(spec: RunSpec, search: Search) -> int:
+def run(spec: RunSpec, search: Search, attach_timeout: float = DEFAULT_TIMEOUT) -> int:
     """The search, driven from this process, then its result on stdout (``best:`` and
     ``results:`` lines, or ``--json``'s document); every record in the results folder's
     ``search.log``; SIGTERM stops it as Ctrl-C does. A search where no trial completed
-    raises NoTrialCompleted (``--json``: its document on stdout first)."""
+    raises NoTrialCompleted (``--json``: its document on stdout first). ``attach_timeout``:
+    seconds to wait for the cluster's scheduler."""
     from clusterkit.runners.hpo.records import NoTrialCompleted
     from clusterkit.runs.search_output import search_log, show_result, sigterm_stops
 
@@ -124,7 +127,7 @@ def run(spec: RunSpec, search: Search) -> int:
     folder = options.out or f"{search.study_name}-results"
     with search_log(folder) as log, sigterm_stops():
         try:
-            study = _search(spec, search, folder)
+            study = _search(spec, search, folder, attach_timeout)
         except NoTrialCompleted as error:
             error.hint = f"every traceback: {log}"
             if options.as_json:
@@ -134,7 +137,7 @@ def run(spec: RunSpec, search: Search) -> int:
     return 0
 
 
-def _search(spec: RunSpec, search: Search, folder: str) -> Any:
+def _search(spec: RunSpec, search: Search, folder: str, attach_timeout: float) -> Any:
     """The search's study, searched from this process on the spec's profile."""
     from clusterkit.client import get_client
     from clusterkit.runners.hpo import run as run_search
@@ -144,7 +147,7 @@ def _search(spec: RunSpec, search: Search, folder: str) -> Any:
     options: HpoOptions = spec.options  # type: ignore[assignment]
     callbacks = [mlflow_callback(options.mlflow)] if options.mlflow else []
     gpus = options.gpus_per_trial
-    client = get_client(spec.profile)
+    client = get_client(spec.profile, timeout=attach_timeout)
     name, storage = search.study_name, search.storage
     view = search_dashboard(options.dashboard, storage, name, client, spec.profile)
     try:

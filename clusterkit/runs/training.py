@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterkit.client import DEFAULT_TIMEOUT
+
 if TYPE_CHECKING:
     from clusterkit.runs.spec import RunSpec, TrainOptions
 
@@ -100,9 +102,10 @@ def detached(spec: RunSpec, training: Training, run_folder: Path) -> RunSpec:
     )
 
 
-def run(spec: RunSpec, training: Training) -> int:
+def run(spec: RunSpec, training: Training, attach_timeout: float = DEFAULT_TIMEOUT) -> int:
     """The training, driven from this process; rank 0's progress on the status line, the
-    ranks' results after. 130 when it was interrupted (the ranks are stopped by then)."""
+    ranks' results after. 130 when it was interrupted (the ranks are stopped by then).
+    ``attach_timeout``: seconds to wait for the cluster's scheduler."""
     from clusterkit import console
     from clusterkit.client import get_client
     from clusterkit.runners.ddp import TrainingFailed
@@ -113,7 +116,7 @@ def run(spec: RunSpec, training: Training) -> int:
     options: TrainOptions = spec.options  # type: ignore[assignment]
     loaded, profile = training.loaded, training.profile
     printer = Printer(options.tracebacks or None)  # None: as CLUSTERKIT_DEBUG says
-    client = get_client(profile)
+    client = get_client(profile, timeout=attach_timeout)
     try:
         on = profile if isinstance(profile, str) else profile.name
         with ProgressDisplay(f"training {loaded.path.name} on '{on}'") as display:
