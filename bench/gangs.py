@@ -189,6 +189,11 @@ def run_gangs(
 ) -> dict[str, Any]:
     """One gang search under ``policy``; ``fresh``: every trial's ranks in new processes (the
     behaviour before rank processes were reused across a search's trials), on the same workers."""
+    from clusterkit.runners.ddp.driver import wait_ready
+
+    wait_ready(
+        client, timeout=180
+    )  # the spares the search before put back, as a user's idle cluster
     client.run(_set_reuse, "0" if fresh else "1")
     POLICY[0] = policy
     name = f"gangs-{rep}-{'fresh' if fresh else 'reused'}-{policy.replace(' ', '-')}"
@@ -232,6 +237,11 @@ def static_split(trials: list[tuple[int, float]]) -> list[list[tuple[int, float]
 
 
 def run_static(clients: list[Any], trials: list[tuple[int, float]], rep: int) -> dict[str, Any]:
+    from clusterkit.runners.ddp.driver import wait_ready
+
+    for (_, size), client in zip(GROUPS, clients, strict=True):
+        if size > 1:
+            wait_ready(client, timeout=180)
     parts = static_split(trials)
     studies: list[Any] = [None] * len(GROUPS)
     errors: list[BaseException] = []

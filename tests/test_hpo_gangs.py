@@ -214,6 +214,48 @@ def test_without_reuse_every_trial_gets_new_rank_processes(client: object) -> No
     assert len(set(pids)) == len(pids), f"a rank 0 process served two trials: {pids}"
 
 
+def sibling_objective(trial: optuna.Trial) -> float:
+    """The other rank processes beside this one on its worker (spares, warm ones), by pid."""
+    import psutil
+
+    me = psutil.Process()
+    argv = ("clusterkit.runners.ddp.rank",)
+    siblings = [
+        p.pid
+        for p in me.parent().children()
+        if p.pid != me.pid and any(a in argv for a in p.cmdline())
+    ]
+    trial.set_user_attr("siblings", siblings)
+    return trial.suggest_float("x", 0.0, 1.0)
+
+
+def _rank_processes(dask_worker: object) -> list[int]:
+    import psutil
+
+    children = psutil.Process().children()
+    return [p.pid for p in children if "clusterkit.runners.ddp.rank" in p.cmdline()]
+
+
+def test_a_searchs_warm_rank_process_stands_in_for_the_spare_till_the_search_ends(
+    client: object,
+) -> None:
+    """A search's first trial on a worker takes its spare; the rank process is kept warm and
+    serves the next trials, so no new spare imports torch beside them (8 such imports on 2
+    cores made bench/gangs.py 1.5-2x its lower bound). The spare is back once the search ends."""
+    from clusterkit.runners.ddp.pool import spare_ready
+
+    study = _search(client, sibling_objective, 8, ranks_per_trial=4)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 8
+    later = [t.user_attrs["siblings"] for t in trials[1:]]
+    assert later == [[]] * 7, f"rank processes beside a warm one during the search: {later}"
+    deadline = time.monotonic() + 120
+    while not all(client.run(spare_ready).values()):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "no spare rank process after the search"
+        time.sleep(0.2)
+    assert all(len(p) == 1 for p in client.run(_rank_processes).values())  # type: ignore[attr-defined]
+
+
 def failing_objective(trial: optuna.Trial, marker_dir: Path) -> float:
     """Rank 1 of trial 0 is killed by a signal once (out of memory, a walltime's kill): the
     cluster ended it. Trial 1's rank 1 exits with a code of its own, trial 2's raises: the

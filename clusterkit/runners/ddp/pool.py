@@ -1,12 +1,14 @@
 """Rank processes kept ready on a worker: one spare, and warm ones a search reuses.
 
 A rank process imports torch before it is needed (a *spare*), so a run on a cluster that is up
-starts in well under a second; the spare is replaced after each run, when the worker is idle.
-A search's gang trials go further: a rank process that ended its trial cleanly is kept *warm*
-for the next trial of the same search (its objective's modules imported, its process group
-destroyed, its environment and working directory put back), so a trial starts without a new
-interpreter. Warm processes belong to one search (``reuse`` scope) and, for NCCL, to one GPU
-layout; a process that failed is never reused.
+starts in well under a second; the spare is replaced when a run ends. A search's gang trials go
+further: a rank process that ended its trial cleanly is kept *warm* for the next trial of the
+same search (its objective's modules imported, its process group destroyed, its environment and
+working directory put back), so a trial starts without a new interpreter. Warm processes belong
+to one search (``reuse`` scope) and, for NCCL, to one GPU layout; a process that failed is never
+reused. While a worker holds a warm process its spare is not replaced: the search's own trials
+do not need it, and a new spare imports torch (seconds of CPU) beside them; it comes back when
+the search releases its warm processes, or a rank process is not kept.
 """
 
 from __future__ import annotations
@@ -151,12 +153,15 @@ def keep_warm(spec: dict[str, Any], process: RankProcess, limit: int) -> bool:
     return kept
 
 
-def release(scope: str) -> int:
-    """End the warm processes of search ``scope`` (client.run at the search's end)."""
+def release(scope: str, dask_worker: Any = None) -> int:
+    """End the warm processes of search ``scope`` and put a spare back (client.run at the
+    search's end); how many ended."""
     with _lock:
         gone = [p for k in [k for k in _warm if k[0] == scope] for p in _warm.pop(k)]
     for process in gone:
         process.close()
+    if dask_worker is not None:
+        ensure_spare(dask_worker)
     return len(gone)
 
 

@@ -320,7 +320,8 @@ def rank_task(spec: dict[str, Any]) -> bytes:
             if not procs:
                 _running.pop(key, None)
         _set_profiler(worker, pause=False)
-        pool.ensure_spare(worker)
+        if not kept:  # a warm process stands in for the spare until its search releases it
+            pool.ensure_spare(worker)
 
 
 def _end(child: RankProcess) -> None:
