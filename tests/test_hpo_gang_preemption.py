@@ -294,6 +294,7 @@ def test_gangs_start_only_where_every_slot_has_the_time_left() -> None:
     guard = SimpleNamespace(
         ends={"soon": now + 30, "later": now + 300, "never": None},
         ending_from={"soon": now + 20, "later": now + 290},
+        retiring=set(),
     )
     watch = gang_preemption.GangWatch(None, guard)
     slots = [SimpleNamespace(worker=w) for w in ("soon", "later", "never")]
@@ -306,6 +307,31 @@ def test_gangs_start_only_where_every_slot_has_the_time_left() -> None:
     watch.seen({"later": {"status": "closing_gracefully"}, "never": {"status": "running"}})
     assert watch.ending(["never", "later"], now) == "worker later is retiring"  # retire_workers
     assert [s.worker for s in watch.usable(slots, None)] == ["never"]
+
+
+@pytest.mark.unit
+def test_idle_workers_with_less_left_than_the_shortest_gang_retire() -> None:
+    now = time.time()
+    retired: list[tuple[tuple[str, ...], float | None]] = []
+
+    def retire(workers: tuple[str, ...], need: float | None) -> None:
+        guard.retiring.update(workers)
+        retired.append((workers, need))
+
+    guard = SimpleNamespace(
+        ends={"a": now + 20, "b": now + 25, "c": now + 300, "d": None},
+        ending_from={},
+        retiring=set(),
+        retire=retire,
+    )
+    watch = gang_preemption.GangWatch(None, guard)
+    watch.retire_short({"a", "b", "c", "d"}, None)  # no likely duration yet: none retires
+    watch.retire_short({"b", "c", "d"}, 60.0)  # "a" holds a gang's slot: it stays
+    assert retired == [(("b",), 60.0)]
+    watch.retire_short({"a", "b", "c", "d"}, 60.0)  # "b" is retiring already
+    assert retired == [(("b",), 60.0), (("a",), 60.0)]
+    slots = [SimpleNamespace(worker=w) for w in ("a", "b", "c", "d")]
+    assert [s.worker for s in watch.usable(slots, 5.0)] == ["c", "d"]  # none on a retiring one
 
 
 @pytest.mark.unit
@@ -323,7 +349,10 @@ def test_a_gang_killed_at_the_end_of_its_grace_is_lost_and_one_that_ended_is_kep
     for number in (0, 1, 2):
         watch.launched(number, f"k{number}", ["w", "v"] if number < 2 else ["v"])
     assert watch.tell(0) and watch.tell(1) and not watch.tell(2)  # trial 2 is on "v" only
-    assert signalled == [("k0", ["v", "w"]), ("k1", ["v", "w"])]  # SIGTERM to every rank
+    deadline = time.monotonic() + 10  # sent off the loop's thread
+    while len(signalled) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(signalled) == [("k0", ["v", "w"]), ("k1", ["v", "w"])]  # SIGTERM to every rank
     assert watch.notices[0].kill_at == pytest.approx(now + 5)  # SIGKILL at the worker's end
     why, saved = watch.interrupted(0, [ended, ended])  # type: ignore[misc]
     assert why.startswith("worker w ends in ") and saved

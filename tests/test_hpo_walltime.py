@@ -147,6 +147,36 @@ def test_placement_avoids_the_worker_ending_first_and_retires_it(
     assert len(retired) == 1 and short in retired[0], retired
 
 
+def one_rank(params: dict[str, object]) -> int:
+    return 1
+
+
+@pytest.mark.local
+def test_a_gang_search_retires_an_idle_worker_too_short_for_any_gang(
+    two_lifetimes: tuple[object, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gang trials (sized by a function: the gang loop, one rank each here) start only on slots
+    with their likely duration left, and an idle worker with less left than the shortest gang
+    waiting is retired, as the one-rank search does: with a hint longer than the short worker's
+    whole lifetime, it is retired before any trial and every trial runs on the other."""
+    client, short = two_lifetimes
+    with caplog.at_level(logging.INFO, logger="clusterkit.runners.hpo"):
+        study = hpo.run(
+            three_second_objective,
+            n_trials=3,
+            client=client,  # type: ignore[arg-type]
+            storage=optuna.storages.InMemoryStorage(),
+            progress=False,
+            trial_walltime=2 * float(SHORT_LIFETIME.rstrip("s")),
+            ranks_per_trial=one_rank,
+        )
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    assert all(short not in t.user_attrs[inputs.ATTR_GANG] for t in trials)
+    retired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retiring")]
+    assert len(retired) == 1 and short in retired[0], retired
+
+
 @pytest.mark.local
 def test_a_trial_placed_on_workers_that_all_left_goes_to_a_fresh_one() -> None:
     """A task placed (loosely) on a worker that left while no other ran waits in ``no-worker``,

@@ -256,7 +256,7 @@ class WalltimeGuard:
         busy = {attempt.workers[-1] for attempt in inflight if attempt.workers}
         placement = walltime.place(left, busy, self.need)
         if placement.retire:
-            self._retire(placement.retire)
+            self.retire(placement.retire, self.need)
         if placement.workers is None and not ending:
             return {}
         allowed = [w for w in (placement.workers or left) if w not in ending]
@@ -264,12 +264,13 @@ class WalltimeGuard:
             return {}
         return {"workers": sorted(allowed), "allow_other_workers": True}
 
-    def _retire(self, workers: tuple[str, ...]) -> None:
+    def retire(self, workers: tuple[str, ...], need: float | None) -> None:
+        """Retire ``workers``: less than ``need`` (a trial's likely seconds) left on each."""
         self.retiring.update(workers)
         logger.info(
             "retiring %s: too little walltime left for a trial (likely %.0fs)",
             ", ".join(workers),
-            self.need or 0.0,
+            need or 0.0,
         )
         loop: Any = self.client.loop
         loop.add_callback(self._retire_now, list(workers))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -114,14 +115,32 @@ class GangWatch:
         gang's likely seconds), those of workers with that much left, else (too few for any
         gang) the others, the longest-lived first."""
         start = time.time() + START_DELAY
-        ends = self.guard.ends
-        open_ = [s for s in free if self.ending([s.worker], start) is None]
+        ends, retiring = self.guard.ends, self.guard.retiring
+        open_ = [
+            s for s in free if s.worker not in retiring and self.ending([s.worker], start) is None
+        ]
         if need is None or all(ends.get(s.worker) is None for s in open_):
             return open_
         fits = [s for s in open_ if ends.get(s.worker) is None or ends[s.worker] - start >= need]
         if fits:
             return fits
         return sorted(open_, key=lambda s: -(ends.get(s.worker) or math.inf))
+
+    def retire_short(self, idle: Iterable[str], need: float | None) -> None:
+        """Retire the ``idle`` workers (no gang holds a slot of theirs) with less than ``need``
+        seconds left (the shortest gang waiting, as likely): no trial would finish on them, so
+        their jobs end now and their hours stop (``adapt`` brings fresh ones)."""
+        if need is None:
+            return
+        start = time.time() + START_DELAY
+        ends, retiring = self.guard.ends, self.guard.retiring
+        short = sorted(
+            w
+            for w in set(idle) - retiring - self.closing
+            if ends.get(w) is not None and ends[w] - start < need
+        )
+        if short:
+            self.guard.retire(tuple(short), need)
 
     def check(self, running: Iterable[Any], kill: Callable[[Any], None]) -> None:
         """Tell each running gang (:class:`~.gang_loop.GangAttempt`) whose worker is ending;
@@ -149,8 +168,6 @@ class GangWatch:
         why = why or self.ending(notice.workers, time.time())
         if why is None:
             return False
-        from clusterkit.runners.ddp.worker import terminate
-
         ends = [self.guard.ends.get(w) for w in notice.workers]
         known = [end for end in ends if end is not None and end > time.time()]
         notice.told, notice.why = time.time(), why
@@ -161,11 +178,19 @@ class GangWatch:
             why,
             notice.kill_at - notice.told,
         )
+        signal = threading.Thread(  # off the loop: a worker already gone takes a connect timeout
+            target=self._terminate, args=(number, notice.key, list(notice.workers)), daemon=True
+        )
+        signal.start()
+        return True
+
+    def _terminate(self, number: int, key: str, workers: list[str]) -> None:
+        from clusterkit.runners.ddp.worker import terminate
+
         try:
-            self.client.run(terminate, notice.key, workers=list(notice.workers), on_error="ignore")
+            self.client.run(terminate, key, workers=workers, on_error="ignore")
         except Exception as error:  # a worker going now must not stop the search
             logger.debug("SIGTERM to the ranks of trial %s failed: %s", number, error)
-        return True
 
     def answer(self, number: int, msg: dict[str, Any], reply: Callable[[str, Any], None]) -> None:
         """A rank's ``should_checkpoint()`` call: every rank gets rank 0's answer at that call
