@@ -172,7 +172,7 @@ class GangLoop(SearchLoop):
         line = [(n, self._gang(n).size) for n in self.line]
         need = self.policy.estimate(self.policy.head(line) or 1) or self.walltime.hint
         idle = {s.worker for s in self.layout} - {s.worker for s in held}
-        self.watch.retire_short(idle, self._shortest(line))
+        self.watch.retire_short(idle, self.policy.shortest(line) or self.walltime.hint)
         free = self.watch.usable([s for s in self.layout if s not in held], need)
         now = time.monotonic()
         running = [self.policy.gang(g.size, g.launched_at, now) for g in self._running()]
@@ -180,12 +180,6 @@ class GangLoop(SearchLoop):
         for number, slots in chosen:
             self.line.remove(number)
             self._launch(self._gang(number), slots)
-
-    def _shortest(self, line: list[tuple[int, int]]) -> float | None:
-        """The likely seconds of the shortest gang in ``line``: the median of finished gangs of
-        each size waiting, else the ``trial_walltime`` hint (None: unknown)."""
-        seconds = [self.policy.estimate(size) for size in {size for _, size in line}]
-        return min((s for s in seconds if s is not None), default=self.walltime.hint)
 
     def _gang(self, number: int) -> GangAttempt:
         return cast(GangAttempt, self.inflight[number])

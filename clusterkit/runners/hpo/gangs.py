@@ -232,6 +232,12 @@ class GangPolicy:
         seen = sorted(self.durations.get(size, ()))
         return seen[len(seen) // 2] if seen else None
 
+    def shortest(self, line: Sequence[tuple[int, int]]) -> float | None:
+        """The likely seconds of the shortest gang of ``line`` ((number, size)): the least
+        estimate of the sizes waiting; None while none of them finished."""
+        seconds = [self.estimate(size) for size in {size for _, size in line}]
+        return min((s for s in seconds if s is not None), default=None)
+
     def first(self, number: int) -> None:
         """Trial ``number`` (a retry) is due: it heads the line until it starts."""
         self.overtaken[number] = max(self.overtaken.get(number, 0), self.patience)
