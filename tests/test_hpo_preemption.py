@@ -5,6 +5,7 @@ worker with time left and resumes from the checkpoint, not from its start."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -123,3 +124,54 @@ def test_the_folder_is_per_trial_and_a_url_stays_a_url(tmp_path: Path) -> None:
         assert hpo.should_checkpoint() is False  # not in a Dask worker's task
     with trial_context(7, "s3://bucket/runs/", None):
         assert hpo.checkpoint_dir() == "s3://bucket/runs/trial-7"
+
+
+RESTART_LIFETIME = 8.0  # seconds a worker of the restarting fixture lives
+
+
+@pytest.fixture
+def restarting() -> Iterator[object]:
+    """A client on one one-thread worker whose job ends every RESTART_LIFETIME seconds and is
+    replaced at once (a requeued batch job: its nanny starts a fresh worker)."""
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    options = {"host": "127.0.0.1", "nthreads": 1, "lifetime": f"{RESTART_LIFETIME}s"}
+    options.update(lifetime_stagger=0, lifetime_restart=True)
+    workers = {"job": {"cls": Nanny, "options": options}}
+    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        yield client
+
+
+@pytest.mark.local
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("max_resumes", "final"), [(10, "COMPLETE"), (1, "FAIL")])
+def test_resumes_have_their_own_bound_apart_from_lost_attempts(
+    restarting: object, tmp_path: Path, max_resumes: int, final: str
+) -> None:
+    """A trial of 16 s on workers that live 8 s resumes on two or more of them: with no
+    retry of a lost attempt allowed (max_retries=0) it still finishes, each resume one of
+    ``max_resumes``; past that bound it fails, naming the bound."""
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    fails = pytest.raises(NoTrialCompleted) if final == "FAIL" else contextlib.nullcontext()
+    with dask.config.set({"clusterkit.checkpoint-lead": 2.0}), fails:
+        hpo.run(
+            stepwise,
+            n_trials=1,
+            client=restarting,  # type: ignore[arg-type]
+            study=study,
+            progress=False,
+            checkpoint_dir=str(tmp_path / "checkpoints"),
+            max_retries=0,
+            max_resumes=max_resumes,
+            workdir=None,
+        )
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state.name == final, trial.user_attrs
+    if final == "COMPLETE":
+        assert trial.value == pytest.approx(trial.params["x"] ** 2)
+        assert len(trial.user_attrs["resumed_at"]) >= 2, trial.user_attrs
+    else:
+        error = trial.user_attrs[inputs.ATTR_ERROR]
+        assert "resumed from its checkpoint as often as max_resumes=1 allows" in error, error

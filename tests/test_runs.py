@@ -454,6 +454,10 @@ def test_a_spec_launched_from_python_runs_detached_without_the_cli(
         ),
         (lambda: runs.RunSpec.train("t.py", world_size=0), "--world-size must be at least 1"),
         (
+            lambda: runs.launch("hpo", ["search.py:objective", "-n", "2", "--max-resumes", "-1"]),
+            "--max-resumes must be 0 or more, got -1",
+        ),
+        (
             lambda: runs.launch(runs.RunSpec.hpo("search.py:nothing", trials=2)),
             "has no function 'nothing'",
         ),
@@ -498,6 +502,8 @@ def test_a_spec_round_trips_through_its_record_and_its_command_line(tmp_path: Pa
         gpus_per_trial=0.5,
         trial_walltime=600,
         lookahead=0,
+        max_retries=0,
+        max_resumes=40,
         no_workdir=True,
         profile="/p/gpu.yaml",
     )

@@ -37,6 +37,12 @@ def hpo(
         "--checkpoint-dir",
         help="Trials' checkpoints: a folder per trial, under this path or URL.",
     ),
+    max_retries: int = typer.Option(
+        2, "--max-retries", help="Re-runs of a trial whose worker was lost with nothing saved."
+    ),
+    max_resumes: int = typer.Option(
+        10, "--max-resumes", help="Resumes of a trial from the checkpoint it saved (walltime)."
+    ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
     trial_walltime: float = TRIAL_WALLTIME,
     lookahead: int = typer.Option(1, "--lookahead", help="Trials queued per busy slot; 0: none."),

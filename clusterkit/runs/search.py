@@ -166,6 +166,8 @@ def _search(spec: RunSpec, search: Search, folder: str, attach_timeout: float) -
             workdir=search.project,
             ranks_per_trial=options.ranks_per_trial,
             checkpoint_dir=options.checkpoint_dir,
+            max_retries=options.max_retries,
+            max_resumes=options.max_resumes,
             lookahead=options.lookahead,
             callbacks=callbacks,
         )

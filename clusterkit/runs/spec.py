@@ -42,6 +42,8 @@ class HpoOptions(_Options):
     lookahead: int = 1
     mlflow: str | None = None
     checkpoint_dir: str | None = None
+    max_retries: int = 2
+    max_resumes: int = 10
     no_workdir: bool = False
     workdir: str | None = None
     workdir_max_size: str | None = None
@@ -51,8 +53,9 @@ class HpoOptions(_Options):
 
     @model_validator(mode="after")
     def _numbers(self) -> HpoOptions:
-        if self.lookahead < 0:
-            raise ValueError(f"--lookahead must be 0 or more, got {self.lookahead}")
+        for option in ("lookahead", "max_retries", "max_resumes"):
+            if (value := getattr(self, option)) < 0:
+                raise ValueError(f"--{option.replace('_', '-')} must be 0 or more, got {value}")
         if self.ranks_per_trial < 1:
             raise ValueError(f"--ranks-per-trial must be at least 1, got {self.ranks_per_trial}")
         if self.trials < 1:
@@ -172,7 +175,7 @@ ORDER = {
         *("trials", "study_name", "direction", "out", "storage", "profile", "gpus_per_trial"),
         *("timeout", "trial_walltime", "ranks_per_trial", "lookahead", "mlflow"),
         *("checkpoint_dir", "no_workdir", "workdir", "workdir_max_size"),
-        *("progress", "dashboard", "as_json"),
+        *("progress", "dashboard", "as_json", "max_retries", "max_resumes"),
     ],
     "train": [
         *("max_restarts", "checkpoint_dir", "tracebacks", "profile", "world_size", "timeout"),

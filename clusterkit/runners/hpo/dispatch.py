@@ -33,7 +33,34 @@ class Attempt:
     starts: int = 0
     submits: int = 1
     requeues: int = 0  # Dask dropped the task (lost inputs): submitted again, not a new attempt
+    resumes: int = 0  # attempts that ended having saved a checkpoint (TrialInterrupted)
     workers: list[str] = field(default_factory=list)
+
+    @property
+    def attempts(self) -> int:
+        """Attempts started or submitted so far, this one included."""
+        return max(self.starts, self.submits)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How often a trial runs again: ``lost``, attempts whose worker died with nothing saved
+    (``max_retries``: each redoes the trial from its start); ``resumes``, attempts that saved a
+    checkpoint as their worker ended (``max_resumes``: each goes on from there, so a trial
+    longer than one job's walltime spans as many jobs as it needs, as submitit keeps timeouts
+    apart from failures)."""
+
+    lost: int = 2
+    resumes: int = 10
+
+    def exceeded(self, attempt: Attempt, ended: int) -> str | None:
+        """Why ``attempt`` runs no more (None: it may run again), ``ended``: its attempts that
+        ended so far, this one included."""
+        if attempt.resumes > self.resumes:
+            return f"it resumed from its checkpoint as often as max_resumes={self.resumes} allows"
+        if ended - attempt.resumes > self.lost:
+            return "its worker was lost with nothing saved"
+        return None
 
 
 def ask(study: optuna.Study, storage: Any, study_id: int, enqueued: bool) -> optuna.Trial:

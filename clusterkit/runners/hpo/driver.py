@@ -11,7 +11,8 @@ loop itself is :mod:`.loop`.
 
 Fault tolerance: the sampler ships with its random state fixed, so when Dask re-runs a task
 whose worker died the trial gets the same parameters; the driver counts attempts from the
-workers' start messages and fails the trial past ``max_retries``. Trials left RUNNING by a
+workers' start messages and fails the trial past ``max_retries`` attempts lost with nothing
+saved, or ``max_resumes`` from a checkpoint (:class:`~.dispatch.Retries`). Trials left RUNNING by a
 killed driver are failed, marked ``ck_orphaned`` (not counted) and their parameters enqueued.
 """
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkit.runners.hpo import gangs, inputs, preemption, records, report
 from clusterkit.runners.hpo.callbacks import Callback, InOrder
-from clusterkit.runners.hpo.dispatch import check_resources, slots
+from clusterkit.runners.hpo.dispatch import Retries, check_resources, slots
 from clusterkit.runners.hpo.gangs import GangOptions, RanksPerTrial
 from clusterkit.runners.hpo.loop import SearchLoop
 from clusterkit.runners.hpo.records import best_summary as best_summary
@@ -33,12 +34,12 @@ if TYPE_CHECKING:
 
     from clusterkit.runners.hpo.warmup import Warmup
 
-#: What the loop is given, in :func:`drive`'s order: n_trials, resources, max_retries, catch,
+#: What the loop is given, in :func:`drive`'s order: n_trials, resources, retries, catch,
 #: timeout, trial_walltime, progress, gang.
 Settings = tuple[
     int,
     Mapping[str, float] | None,
-    int,
+    Retries,
     tuple[type[BaseException], ...],
     float | None,
     float | None,
@@ -63,6 +64,7 @@ def run(
     pruner: optuna.pruners.BasePruner | None = None,
     resources: Mapping[str, float] | None = None,
     max_retries: int = 2,
+    max_resumes: int = 10,
     catch: tuple[type[BaseException], ...] = (Exception,),
     timeout: float | None = None,
     trial_walltime: float | None = None,
@@ -85,10 +87,12 @@ def run(
     study, storage, study_name, direction, sampler, pruner
         A study, or what to make it from; storage: Optuna's, a database URL or a journal file
         (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
-    resources, max_retries, catch
+    resources, max_retries, max_resumes, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
-        whose worker died; exceptions that fail only their trial (others re-raise; with none
-        completed, :class:`~.records.NoTrialCompleted` names the first failure's cause).
+        whose worker died with nothing saved; resumes of a trial from the checkpoint it saved
+        as its worker ended (:mod:`.preemption`); exceptions that fail only their trial
+        (others re-raise; with none completed, :class:`~.records.NoTrialCompleted` names the
+        first failure's cause).
     timeout, trial_walltime, progress, out, lookahead, callbacks
         Seconds after which no trial starts; a trial's likely seconds till 3 completed (then
         their p90: walltime-aware placement, :mod:`.walltime`); live progress; a folder for
@@ -101,13 +105,14 @@ def run(
         a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread"; an fsspec
         URL or path for trials' checkpoints, a folder per trial (:mod:`.preemption`).
     """
-    inputs.check_counts(n_trials, max_retries, lookahead)  # the client: get_client() by default
+    inputs.check_counts(n_trials, max_retries, lookahead, max_resumes)  # client: get_client()
     study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
     client = client or _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of, checkpoint_dir)
     _check_workers(client, resources)
-    settings = (n_trials, resources, max_retries, tuple(catch), timeout, trial_walltime, progress)
+    retries = Retries(max_retries, max_resumes)
+    settings = (n_trials, resources, retries, tuple(catch), timeout, trial_walltime, progress)
     _search(study, client, objective, (*settings, gang), out, warm, lookahead, callbacks)
     return study
 
@@ -199,7 +204,7 @@ def drive(
     objective: Any,
     n_trials: int,
     resources: Mapping[str, float] | None,
-    max_retries: int,
+    retries: Retries,
     catch: tuple[type[BaseException], ...],
     timeout: float | None,
     trial_walltime: float | None,
@@ -220,7 +225,7 @@ def drive(
 
     display = ProgressDisplay(n_trials) if progress else None
     blob = dumps(objective)
-    args = (study, client, blob, n_trials, resources, max_retries, catch, timeout, display)
+    args = (study, client, blob, n_trials, resources, retries, catch, timeout, display)
     if gang is None:
         search = SearchLoop(*args, lookahead=lookahead, trial_walltime=trial_walltime)
     else:

@@ -8,7 +8,7 @@ when a rank first asks for it (every rank gets the same value) and decides pruni
 values. A rank that raises or loses its worker ends every rank of its trial. A trial that lost
 a rank's worker (or a rank killed by a signal: out of memory, walltime) is retried whole, first
 in line, up to ``max_retries`` times; one whose objective raised fails at once; one whose worker
-is ending resumes elsewhere from its checkpoint (:mod:`.gang_preemption`).
+is ending resumes from its checkpoint, ``max_resumes`` times at most (:mod:`.gang_preemption`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from clusterkit.runners.hpo.gang_preemption import GangWatch, agree
 from clusterkit.runners.hpo.gangs import GangOptions
 from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
 from clusterkit.runners.hpo.preemption import TrialInterrupted
+from clusterkit.runners.hpo.retried import series_number
 
 if TYPE_CHECKING:
     import optuna
@@ -74,12 +75,12 @@ class GangLoop(SearchLoop):
         self.layout: list[Slot] = []
         self.live: set[str] = set()
         self.policy = gangs.GangPolicy()  # which waiting trials start; learns durations by size
-        self.space: dict[str, Any] = {}  # distributions seen: sampled before a callable sizes
+        self.space: dict[str, Any] = {  # distributions seen: sampled before a callable sizes
+            k: v for t in self.study.get_trials(deepcopy=False) for k, v in t.distributions.items()
+        }
         self.interfaces: dict[str, dict[str, str]] = {}
         self.watch = GangWatch(self.client, self.walltime)  # gangs whose workers are ending
         self.ledger: GangLedger = GangLedger(self.resources)  # each gang holds its k slots
-        for frozen in self.study.get_trials(deepcopy=False):
-            self.space.update(frozen.distributions)
         prepare(self.client)  # spare rank processes: a launch takes well under a second
         self.janitor = ThreadPoolExecutor(1, thread_name_prefix="clusterkit-gang-cleanup")
         self.warnings = Collector(self.client, f"{self.topic}-warnings")
@@ -204,11 +205,13 @@ class GangLoop(SearchLoop):
 
         attempt.starts += 1
         frozen = self.storage.get_trial(attempt.trial_id)
+        series = series_number(attempt.number, frozen.user_attrs)  # where its checkpoints are
         info = {
             "topic": self.topic,
             "number": attempt.number,
             "trial_id": attempt.trial_id,
             "attempt": attempt.starts,
+            "series": series,
             "study_name": self.study.study_name,
             "directions": self.directions,
             "params": dict(frozen.params),
@@ -229,7 +232,7 @@ class GangLoop(SearchLoop):
             init_group=False,  # the objective initialises its group, as under torchrun
             rendezvous_timeout=RENDEZVOUS_TIMEOUT,
             project=self.options.project,
-            checkpoint_dir=self.options.checkpoints_of(attempt.number),
+            checkpoint_dir=self.options.checkpoints_of(series),
             warnings_topic=self.warnings.topic,
             progress_topic=None,
             reuse=self.topic,  # a rank process that ends cleanly serves this search's next trial
@@ -318,9 +321,10 @@ class GangLoop(SearchLoop):
             return
         saved = interrupted is not None and interrupted.saved  # else its hours are lost
         self.ledger.lost(attempt.number, cause=TrialInterrupted() if saved else None)
-        if attempt.starts > self.max_retries:
+        attempt.resumes += saved
+        if (bound := self.retries.exceeded(attempt, attempt.starts)) is not None:
             self.ledger.ended(attempt.number, {"state": "FAIL"})
-            why = f"trial failed after {attempt.starts} attempts: {why}"
+            why = f"trial failed after {attempt.starts} attempts: {bound}: {why}"
             return self._tell(attempt, "FAIL", error=why)
         again = "resuming it on workers with time left" if saved else "retrying it whole"
         logger.info("trial %s: %s; %s (retry %s)", attempt.number, why, again, attempt.starts)

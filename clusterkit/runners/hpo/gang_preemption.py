@@ -15,7 +15,7 @@ lifetime's end (the earliest end among the gang's workers counts) or retiring. T
 
 A launch that then ended (``TrialInterrupted``, an exit, the signal, the kill) is interrupted,
 not failed: the loop runs the trial again (same number and parameters) on workers with time
-left, where it resumes from its checkpoint; each resume counts as one of ``max_retries``.
+left, where it resumes from its checkpoint; each resume counts as one of ``max_resumes``.
 Placement: a gang starts only on slots of workers that are not ending and, once its likely
 duration is known (finished gangs of its size; before, ``trial_walltime``), have that much
 time left, so the earliest end among its slots leaves it time (:meth:`GangWatch.usable`).

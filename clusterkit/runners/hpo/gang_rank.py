@@ -28,7 +28,9 @@ from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from clusterkit.runners.hpo.inputs import ATTR_RETRY_OF
 from clusterkit.runners.hpo.mirror import StudyMirror, TrialView
+from clusterkit.runners.hpo.retried import RetryAwareTrial
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
         datetime_complete=None,
         params=dict(info["params"]),
         distributions=distributions,
-        user_attrs={},
+        user_attrs={} if info["series"] == info["number"] else {ATTR_RETRY_OF: info["series"]},
         system_attrs={},
         intermediate_values={},
         trial_id=info["trial_id"],
@@ -119,7 +121,7 @@ def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
     study = optuna.Study(
         info["study_name"], view, sampler=DriverSampler(link), pruner=RankPruner(link)
     )
-    return optuna.Trial(study, own._trial_id)
+    return RetryAwareTrial(study, own._trial_id, lambda: info["attempt"] > 1)
 
 
 _context: list[Any] = []  # the running trial's rank context, while its objective runs
@@ -244,7 +246,7 @@ def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str,
     asks = CheckpointAsk(link)
     previous = signal.signal(signal.SIGTERM, asks.noted)
     try:
-        with trial_context(info["number"], info.get("checkpoint_dir"), None, asks):
+        with trial_context(info["series"], info.get("checkpoint_dir"), None, asks):
             record.update(state=TrialState.COMPLETE.name, values=objective(trial))
     except optuna.TrialPruned:
         record.update(state=TrialState.PRUNED.name, values=None)

@@ -152,7 +152,9 @@ def recover_orphans(study: Any) -> list[int]:
         storage.set_trial_user_attr(trial._trial_id, ATTR_ORPHANED, True)
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         study.enqueue_trial(
-            trial.params, user_attrs={ATTR_RETRY_OF: trial.number}, skip_if_exists=False
+            trial.params,
+            user_attrs={ATTR_RETRY_OF: trial.user_attrs.get(ATTR_RETRY_OF, trial.number)},
+            skip_if_exists=False,
         )
         recovered.append(trial.number)
     if recovered:
@@ -160,10 +162,11 @@ def recover_orphans(study: Any) -> list[int]:
     return recovered
 
 
-def check_counts(n_trials: int, max_retries: int, lookahead: int = 0) -> None:
+def check_counts(n_trials: int, max_retries: int, lookahead: int = 0, max_resumes: int = 0) -> None:
     if n_trials < 1:
         raise BadInput(f"n_trials must be at least 1, got {n_trials}")
-    for name, value in (("max_retries", max_retries), ("lookahead", lookahead)):
+    counts = (("max_retries", max_retries), ("lookahead", lookahead), ("max_resumes", max_resumes))
+    for name, value in counts:
         if value < 0:
             raise BadInput(f"{name} must be 0 or more, got {value}")
 

@@ -16,7 +16,8 @@ from clusterkit.errors import fit
 from clusterkit.runners.hpo import account, dispatch, inputs, records
 from clusterkit.runners.hpo.callbacks import InOrder
 from clusterkit.runners.hpo.changelog import ChangeLog
-from clusterkit.runners.hpo.dispatch import Attempt, WalltimeGuard, count_slots, log_stall
+from clusterkit.runners.hpo.dispatch import Attempt, Retries, WalltimeGuard, count_slots, log_stall
+from clusterkit.runners.hpo.preemption import TrialInterrupted
 from clusterkit.runners.hpo.presample import Presampler
 from clusterkit.runners.hpo.storage import flush as flush_storage
 
@@ -48,7 +49,7 @@ class SearchLoop:
         objective_blob: bytes,
         n_trials: int,
         resources: Mapping[str, float] | None,
-        max_retries: int,
+        retries: Retries,
         catch: tuple[type[BaseException], ...],
         timeout: float | None,
         display: Any,
@@ -61,7 +62,7 @@ class SearchLoop:
         self.blob = objective_blob
         self.n_trials = n_trials
         self.resources = dict(resources) if resources else None
-        self.max_retries = max_retries
+        self.retries = retries
         self.catch = catch
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.lookahead = lookahead if timeout is None else 0  # a queued trial would start late
@@ -87,8 +88,7 @@ class SearchLoop:
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
         from optuna.trial import TrialState
 
-        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        self._waiting = len(waiting)
+        self._waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         self._dirty = False  # writes not yet flushed (see _report)
 
     # ------------------------------------------------------------------ dispatch
@@ -256,9 +256,10 @@ class SearchLoop:
             attempt.workers.append(msg["worker"])
             self.ledger.started(attempt.number, msg["worker"], msg["time"])
             self.log.ack(msg["worker"], msg["version"])
-            if max(attempt.starts, attempt.submits) > 1 + self.max_retries:
+            why = self.retries.exceeded(attempt, attempt.attempts - 1)  # Dask ran it again
+            if why is not None:
                 attempt.future.cancel()
-                self._fail_lost(attempt, "its worker died")
+                self._fail_lost(attempt, why)
                 self._fill()
             return
         if kind == "result":
@@ -313,14 +314,15 @@ class SearchLoop:
         if error is not None and not dispatch.is_lost_worker(error):
             self._tell(attempt, "FAIL", error=f"{type(error).__name__}: {error}")
             raise error
-        tries = max(attempt.starts, attempt.submits)
-        if tries > self.max_retries:
-            self._fail_lost(attempt, f"its worker was lost ({type(error).__name__})")
-            return
-        attempt.submits = tries + 1
+        attempt.resumes += (saved := isinstance(error, TrialInterrupted))
+        why = self.retries.exceeded(attempt, attempt.attempts)
+        if why is not None:
+            return self._fail_lost(attempt, f"{why} ({type(error).__name__})")
+        attempt.submits = attempt.attempts + 1
         self.ledger.lost(number, cause=error)
         self.log.add(self.storage.get_trial(attempt.trial_id))  # its first draws, kept
-        logger.info("trial %s lost its worker; retry %s", number, attempt.submits - 1)
+        again = "resuming it from its checkpoint" if saved else "retrying it"
+        logger.info("trial %s lost its worker; %s (attempt %s)", number, again, attempt.submits)
         attempt.future = self._submit(attempt.number, attempt.trial_id, attempt.submits)
 
     def _requeue(self, attempt: Attempt) -> None:
@@ -344,9 +346,8 @@ class SearchLoop:
         self._record(attempt, record)
 
     def _fail_lost(self, attempt: Attempt, why: str) -> None:
-        tries = max(attempt.starts, attempt.submits)
         self.ledger.lost(attempt.number)
-        self._tell(attempt, "FAIL", error=f"trial failed after {tries} attempts: {why}")
+        self._tell(attempt, "FAIL", error=f"trial failed after {attempt.attempts} attempts: {why}")
 
     def _record(self, attempt: Attempt, record: dict[str, Any]) -> None:
         """Apply the worker's authoritative record, then tell the study."""
@@ -369,9 +370,8 @@ class SearchLoop:
         from optuna.trial import TrialState
 
         storage = self.storage
-        tries = max(attempt.starts, attempt.submits)
-        if tries > 1:  # each attribute is a storage write; keep the common case at none
-            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, tries)
+        if attempt.attempts > 1:  # each attribute is a storage write; the common case: none
+            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, attempt.attempts)
         if error:
             storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, error)
             logger.warning("trial %s failed: %s", attempt.number, fit(error))

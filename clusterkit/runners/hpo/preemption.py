@@ -6,8 +6,10 @@ dask-jobqueue sets), or when it is retired (a lifetime's end, walltime placement
 An objective that asks :func:`should_checkpoint` between steps saves its state in
 :func:`checkpoint_dir` and raises :class:`TrialInterrupted`; the runner submits the same trial
 (same number, same parameters) again on a worker with time left, where the objective finds
-its checkpoint and resumes. Each resume counts as one of the search's ``max_retries``. An
-objective that never asks is retried from its start once its worker is gone, as before.
+its checkpoint and resumes. Each resume counts as one of the search's ``max_resumes``, apart
+from ``max_retries`` (attempts lost with nothing saved): a trial longer than a job's walltime
+spans as many jobs as it needs. An objective that never asks is retried from its start once its
+worker is gone, as before.
 """
 
 from __future__ import annotations
@@ -75,7 +77,10 @@ class Resumable:
     lead: float | None
 
     def __call__(self, trial: Any) -> Any:
-        with trial_context(trial.number, self.checkpoint_dir, self.lead):
+        from clusterkit.runners.hpo.retried import series_number
+
+        number = series_number(trial.number, trial.user_attrs)  # where earlier runs saved
+        with trial_context(number, self.checkpoint_dir, self.lead):
             return self.objective(trial)
 
     def __getattr__(self, name: str) -> Any:
@@ -176,10 +181,8 @@ def checkpoint_dir(trial: Any = None) -> Any:
     a ``Path``, made if missing, or for a URL (``s3://...``) the URL string, for fsspec. Every
     attempt of trial N finds there what an earlier one saved. ``trial``: the Optuna trial (its
     number), else the one running on this thread."""
-    context = _context()
-    number = getattr(trial, "number", None)
-    if number is None and context is not None:
-        number = context.number
+    context = _context()  # its number: the trial's, or the first of its retries' (.retried)
+    number = context.number if context is not None else getattr(trial, "number", None)
     if number is None:
         raise RuntimeError("checkpoint_dir() outside a trial: pass the trial")
     if context is None or context.checkpoint_dir is None:

@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from clusterkit.runners.hpo import cores, preemption, warmup
 from clusterkit.runners.hpo.mirror import TrialView, mirror_for
 from clusterkit.runners.hpo.preemption import TrialInterrupted
+from clusterkit.runners.hpo.retried import RetryAwareTrial, rerun_by_dask
 
 #: How long a worker waits for the driver's pruning decision before failing the trial.
 PRUNE_REPLY_TIMEOUT = 300.0
@@ -76,6 +77,12 @@ class DriverPruner(BasePruner):
         return self.channel.ask_prune(dict(trial.intermediate_values))
 
 
+def _is_retry(attempt: int) -> bool:
+    """Whether this run of the trial follows another: the driver's re-submission, or Dask's
+    re-run after a worker running it died."""
+    return attempt > 1 or rerun_by_dask()
+
+
 @functools.lru_cache(maxsize=4)
 def _load_objective(blob: bytes) -> Any:
     with warmup.IMPORTING:  # not while the warm-up imports the same modules
@@ -116,7 +123,8 @@ def run_trial(
     local_id = storage.own._trial_id
     record: dict[str, Any] = {"number": number, "error": None, "exception": None, "values": None}
     try:
-        result = cores.call(objective, optuna.Trial(study, local_id))
+        is_retry = functools.partial(_is_retry, attempt)
+        result = cores.call(objective, RetryAwareTrial(study, local_id, is_retry))
         record["state"] = TrialState.COMPLETE.name
         record["values"] = result
     except optuna.TrialPruned:
