@@ -17,6 +17,13 @@ TRIAL_WALLTIME = typer.Option(
     "workers with that much walltime left; those with less retire.",
 )
 
+MAX_RETRIES = typer.Option(
+    2, "--max-retries", help="Re-runs of a trial whose worker was lost with nothing saved."
+)
+MAX_RESUMES = typer.Option(
+    10, "--max-resumes", help="Resumes of a trial from the checkpoint it saved (walltime)."
+)
+
 
 def hpo(
     context: typer.Context,
@@ -37,12 +44,8 @@ def hpo(
         "--checkpoint-dir",
         help="Trials' checkpoints: a folder per trial, under this path or URL.",
     ),
-    max_retries: int = typer.Option(
-        2, "--max-retries", help="Re-runs of a trial whose worker was lost with nothing saved."
-    ),
-    max_resumes: int = typer.Option(
-        10, "--max-resumes", help="Resumes of a trial from the checkpoint it saved (walltime)."
-    ),
+    max_retries: int = MAX_RETRIES,
+    max_resumes: int = MAX_RESUMES,
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
     trial_walltime: float = TRIAL_WALLTIME,
     lookahead: int = typer.Option(1, "--lookahead", help="Trials queued per busy slot; 0: none."),

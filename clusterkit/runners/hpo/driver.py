@@ -88,22 +88,18 @@ def run(
         A study, or what to make it from; storage: Optuna's, a database URL or a journal file
         (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
     resources, max_retries, max_resumes, catch
-        Dask resources a trial needs (``{"GPU": 1}``: slots count them); re-runs of a trial
-        whose worker died with nothing saved; resumes of a trial from the checkpoint it saved
-        as its worker ended (:mod:`.preemption`); exceptions that fail only their trial
-        (others re-raise; with none completed, :class:`~.records.NoTrialCompleted` names the
-        first failure's cause).
+        Dask resources a trial needs (``{"GPU": 1}``: slots count them); the bounds of
+        :class:`.dispatch.Retries`; exceptions failing only their trial (others re-raise; none
+        completed: :class:`~.records.NoTrialCompleted` names the first failure's cause).
     timeout, trial_walltime, progress, out, lookahead, callbacks
         Seconds after which no trial starts; a trial's likely seconds till 3 completed (then
-        their p90: walltime-aware placement, :mod:`.walltime`); live progress; a folder for
-        trials.csv, plots (a stopped search's too); trials per slot queued as one ends (0: none;
-        off with a timeout, gangs, placement); ``f(study, frozen_trial)`` run here, in order.
+        their p90, :mod:`.walltime`); live progress; a results folder (a stopped search's too);
+        trials queued per slot (0: none); ``f(study, frozen_trial)`` run here, in order.
     workdir, ranks_per_trial, placement, checkpoint_dir
-        The project trials run in (cwd, first on ``sys.path``): in place where a worker sees
-        its path, else a synced copy; ``"auto"``: the objective module's, under the cwd; None:
-        off. Ranks per trial (an int, or a function of the parameters sampled so far): above 1
-        a DDP gang of slots reserved together (:mod:`.gang_loop`); "pack" | "spread"; an fsspec
-        URL or path for trials' checkpoints, a folder per trial (:mod:`.preemption`).
+        The project trials run in (:mod:`clusterkit.runners.workdir`; "auto": the objective
+        module's, under the cwd; None: off); ranks per trial, an int or a function of the
+        parameters sampled so far (above 1: a gang, :mod:`.gang_loop`); "pack" | "spread"; an
+        fsspec URL or path for trials' checkpoints, a folder per trial (:mod:`.preemption`).
     """
     inputs.check_counts(n_trials, max_retries, lookahead, max_resumes)  # client: get_client()
     study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
@@ -130,12 +126,14 @@ def _search(
     """Trials a dead driver left running recovered, the search to its end, its results written
     (so far, when it stops: Ctrl-C, SIGTERM, `runs stop`); :class:`~.records.NoTrialCompleted`
     when the study holds no completed trial."""
+    from clusterkit.runners import graceful
     from clusterkit.runners.hpo.account import Ledger
     from clusterkit.runners.hpo.gang_account import GangLedger
 
     inputs.recover_orphans(study)
     ledger = (Ledger if settings[-1] is None else GangLedger)(settings[1])  # the hours, from now
-    with report.written_if_stopped(study, out, ledger):
+    # SIGTERM from a batch system to a worker: its trials save, then it retires (.graceful)
+    with report.written_if_stopped(study, out, ledger), graceful.registered(client):
         drive(
             study,
             client,
