@@ -370,3 +370,26 @@ def test_a_gang_killed_at_the_end_of_its_grace_is_lost_and_one_that_ended_is_kep
         True,
     )
     assert watch.interrupted(3, [ended]) is None  # not told, nothing raised: not interrupted
+
+
+@pytest.mark.unit
+def test_sigterm_from_the_batch_system_to_any_rank_ends_the_gang_at_the_same_call() -> None:
+    """The batch system signals the processes of the job it ends, rank 0's or another's: the
+    first rank that got it decides for every rank, from the call at which it asks."""
+    guard = SimpleNamespace(ends={"w": None, "v": None}, ending_from={})
+    client = SimpleNamespace(run=lambda fn, key, workers, on_error: None)
+    watch = gang_preemption.GangWatch(client, guard)
+    watch.launched(0, "k0", ["w", "v"])
+    answers: list[tuple[str, bool]] = []
+
+    def ask(rank: int, call: int, signalled: bool) -> None:
+        msg = {"rank": rank, "call": call, "signalled": signalled, "reply": f"r{rank}c{call}"}
+        watch.answer(0, msg, lambda reply, value: answers.append((reply, value)))
+
+    ask(0, 0, False)
+    ask(1, 0, False)
+    ask(1, 1, True)  # rank 1's job got SIGTERM: its answer waits for rank 0's call 1
+    assert answers == [("r0c0", False), ("r1c0", False)]
+    ask(0, 1, False)
+    assert answers[2:] == [("r0c1", True), ("r1c1", True)]
+    assert watch.notices[0].why == "its rank 1 got SIGTERM"

@@ -26,7 +26,7 @@ from clusterkit.runners.ddp import placement as ddp_placement
 from clusterkit.runners.hpo import dispatch, gangs, inputs, records
 from clusterkit.runners.hpo.dispatch import Attempt, lost_rank
 from clusterkit.runners.hpo.gang_account import GangLedger, held_by
-from clusterkit.runners.hpo.gang_preemption import GangWatch, agree
+from clusterkit.runners.hpo.gang_preemption import GangWatch, agree, closing
 from clusterkit.runners.hpo.gangs import GangOptions
 from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
 from clusterkit.runners.hpo.preemption import TrialInterrupted
@@ -111,8 +111,8 @@ class GangLoop(SearchLoop):
     def _workers_seen(self, workers: dict[str, Any]) -> None:
         self.ledger.seen(workers)
         self.walltime.live = set(workers)
-        if set(workers) != self.live:  # the layout changes on the loop's own thread
-            self.inbox.put(("event", {"kind": "slots", "workers": workers}))
+        if set(workers) != self.live or closing(workers) != self.watch.closing:
+            self.inbox.put(("event", {"kind": "slots", "workers": workers}))  # on the loop
 
     def _recheck(self) -> None:
         super()._recheck()
@@ -365,7 +365,7 @@ class GangLoop(SearchLoop):
                 decide = functools.partial(self._decide_prune, gang, msg["intermediate"])
                 agree(gang.decisions, gang.asking, msg, decide, self._answer)
             elif kind == "checkpoint":  # hpo.should_checkpoint(): the same on every rank
-                self.watch.answer(gang.number, msg, self._answer)
+                self.watch.answer(gang.number, msg, self._answer, [s.worker for s in gang.slots])
             else:
                 records.apply_write(self.storage, gang.trial_id, msg)
         except Exception as error:  # a message racing the trial's end must not stop the search
@@ -380,8 +380,6 @@ class GangLoop(SearchLoop):
         except Exception as error:  # e.g. a distribution unlike the one sampled before
             return {"error": f"{type(error).__name__}: {error}"}
         return {"value": value}
-
-    # ------------------------------------------------------------------ display, watchdog
 
     def _show(self) -> None:
         if self.display is not None:

@@ -81,6 +81,12 @@ class Notice:
     why: str = ""
     kill_at: float = math.inf
     killed: bool = False  # its grace ran out
+    signalled: int | None = None  # the first rank that got SIGTERM from elsewhere (its job's)
+
+
+def closing(workers: dict[str, Any]) -> set[str]:
+    """The retiring ones of the scheduler's ``workers`` (``identity()["workers"]``)."""
+    return {a for a, w in workers.items() if "closing" in str(w.get("status", ""))}
 
 
 class GangWatch:
@@ -95,7 +101,7 @@ class GangWatch:
 
     def seen(self, workers: dict[str, Any]) -> None:
         """The scheduler's workers (``identity()["workers"]``): which are retiring."""
-        self.closing = {a for a, w in workers.items() if "closing" in str(w.get("status", ""))}
+        self.closing = closing(workers)
 
     def launched(self, number: int, key: str, workers: Iterable[str]) -> None:
         self.notices[number] = Notice(key, tuple(sorted(set(workers))))
@@ -192,13 +198,26 @@ class GangWatch:
         except Exception as error:  # a worker going now must not stop the search
             logger.debug("SIGTERM to the ranks of trial %s failed: %s", number, error)
 
-    def answer(self, number: int, msg: dict[str, Any], reply: Callable[[str, Any], None]) -> None:
+    def answer(
+        self,
+        number: int,
+        msg: dict[str, Any],
+        reply: Callable[[str, Any], None],
+        workers: Sequence[str] = (),
+    ) -> None:
         """A rank's ``should_checkpoint()`` call: every rank gets rank 0's answer at that call
-        (True once the gang was told, or rank 0 got SIGTERM from elsewhere: the batch system)."""
+        (True once the gang was told, or a rank got SIGTERM from elsewhere: the batch system
+        signals the processes of the job it ends, which need not be rank 0's; ``workers``, by
+        rank: that rank's worker retires, and no gang starts there)."""
         notice = self.notices[number]
+        if msg.get("signalled") and notice.signalled is None:
+            notice.signalled = int(msg["rank"])
+            self.closing.update(workers[notice.signalled : notice.signalled + 1])
 
         def decide() -> bool:
-            outside = "its rank 0 got SIGTERM" if msg.get("signalled") else None
+            outside = (
+                None if notice.signalled is None else f"its rank {notice.signalled} got SIGTERM"
+            )
             return self.tell(number, outside)
 
         agree(notice.decisions, notice.asking, msg, decide, reply, step="call")

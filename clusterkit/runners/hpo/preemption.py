@@ -112,9 +112,12 @@ def worker_end(dask_worker: Any) -> float | None:
     """The worker's end, a ``time.time()`` stamp, from its ``lifetime`` (dask-jobqueue sets it
     from the job's walltime less the profile's margin; Kubernetes and local workers have none:
     None). Read off the lifetime's timer, else the process's start."""
+    from clusterkit.runners.graceful import end_after_sigterm
+
+    signalled = end_after_sigterm(dask_worker)  # its batch system ends it: SIGTERM
     lifetime = getattr(dask_worker, "lifetime", None)
-    if not lifetime:
-        return None
+    if not lifetime or signalled is not None:
+        return signalled
     loop = dask_worker.io_loop.asyncio_loop
     for handle in list(getattr(loop, "_scheduled", ())):  # asyncio's timers (not uvloop's)
         call = handle._args[0] if handle._args else None
@@ -133,11 +136,16 @@ def worker_times(dask_worker: Any, lead: float | None) -> tuple[float, float] | 
 
 
 def ending_reason(dask_worker: Any, lead: float | None) -> str | None:
-    """Why ``dask_worker`` is about to end (None: it is not): its retirement, or its lifetime's
-    end within its lead (:func:`worker_lead`)."""
+    """Why ``dask_worker`` is about to end (None: it is not): its retirement, SIGTERM
+    (:mod:`clusterkit.runners.graceful`), or its lifetime's end within its lead
+    (:func:`worker_lead`)."""
     status = getattr(getattr(dask_worker, "status", None), "name", "")
     if status in ("closing_gracefully", "closing", "closed", "failed"):
         return f"it is {status.replace('_', ' ')}"
+    from clusterkit.runners.graceful import end_after_sigterm
+
+    if end_after_sigterm(dask_worker) is not None:
+        return "it got SIGTERM: its batch system ends it"
     end = worker_end(dask_worker)
     if end is not None and end - time.time() <= worker_lead(dask_worker, lead):
         return f"its lifetime ends in {max(end - time.time(), 0.0):.0f}s"
