@@ -146,7 +146,7 @@ def restarting() -> Iterator[object]:
 
 @pytest.mark.local
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("max_resumes", "final"), [(10, "COMPLETE"), (1, "FAIL")])
+@pytest.mark.parametrize(("max_resumes", "final"), [(10, "COMPLETE"), (0, "FAIL")])
 def test_resumes_have_their_own_bound_apart_from_lost_attempts(
     restarting: object, tmp_path: Path, max_resumes: int, final: str
 ) -> None:
@@ -174,4 +174,4 @@ def test_resumes_have_their_own_bound_apart_from_lost_attempts(
         assert len(trial.user_attrs["resumed_at"]) >= 2, trial.user_attrs
     else:
         error = trial.user_attrs[inputs.ATTR_ERROR]
-        assert "resumed from its checkpoint as often as max_resumes=1 allows" in error, error
+        assert "resumed from its checkpoint as often as max_resumes=0 allows" in error, error

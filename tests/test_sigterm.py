@@ -32,7 +32,7 @@ from tests.test_slurm import empty_queue_after, profile_file  # noqa: F401 - fix
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-STEPS, STEP_SECONDS = 40, 0.5  # 20 s of work a trial
+STEPS, STEP_SECONDS = 24, 0.5  # 12 s of work a trial
 
 
 def stepwise(trial: optuna.Trial) -> float:

@@ -33,7 +33,7 @@ def test_gang_search_two_ranks_per_trial_in_two_jobs(slurm: S.Slurm, tmp_path: P
         assert None not in jobs and len(set(jobs)) == 2, f"a gang ran in one job: {jobs}"
 
 
-STEPS, STEP_SECONDS = 60, 0.5  # 30 s of work: the job is cancelled a few steps in
+STEPS, STEP_SECONDS = 30, 0.5  # 15 s of work: the job is cancelled a few steps in
 
 
 def signalled(trial: Any) -> float:
