@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import optuna
 import pytest
@@ -123,16 +124,7 @@ def test_placement_avoids_the_worker_ending_first_and_retires_it(
     two_lifetimes: tuple[object, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     client, short = two_lifetimes
-    with caplog.at_level(logging.INFO, logger="clusterkit.runners.hpo"):
-        study = hpo.run(
-            three_second_objective,
-            n_trials=10,
-            client=client,  # type: ignore[arg-type]
-            storage=optuna.storages.InMemoryStorage(),
-            progress=False,
-            trial_walltime=TRIAL_SECONDS,
-        )
-    trials = study.get_trials(deepcopy=False)
+    trials, retired = _search_and_retired(client, caplog, 10, TRIAL_SECONDS)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 10
     on_short = [t.number for t in trials if t.user_attrs[inputs.ATTR_WORKER] == short]
     assert on_short, "the short-lived worker took trials while they fit"
@@ -143,8 +135,26 @@ def test_placement_avoids_the_worker_ending_first_and_retires_it(
         if inputs.ATTR_ATTEMPTS in t.user_attrs
     }
     assert again == {}
-    retired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retiring")]
     assert len(retired) == 1 and short in retired[0], retired
+
+
+def _search_and_retired(
+    client: object, caplog: pytest.LogCaptureFixture, n_trials: int, hint: float, **gangs: Any
+) -> tuple[list[Any], list[str]]:
+    """The trials of a search of :func:`three_second_objective` with that ``trial_walltime``
+    hint, and its ``retiring`` log lines."""
+    with caplog.at_level(logging.INFO, logger="clusterkit.runners.hpo"):
+        study = hpo.run(
+            three_second_objective,
+            n_trials=n_trials,
+            client=client,  # type: ignore[arg-type]
+            storage=optuna.storages.InMemoryStorage(),
+            progress=False,
+            trial_walltime=hint,
+            **gangs,
+        )
+    retired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retiring")]
+    return study.get_trials(deepcopy=False), retired
 
 
 def one_rank(params: dict[str, object]) -> int:
@@ -160,20 +170,10 @@ def test_a_gang_search_retires_an_idle_worker_too_short_for_any_gang(
     waiting is retired, as the one-rank search does: with a hint longer than the short worker's
     whole lifetime, it is retired before any trial and every trial runs on the other."""
     client, short = two_lifetimes
-    with caplog.at_level(logging.INFO, logger="clusterkit.runners.hpo"):
-        study = hpo.run(
-            three_second_objective,
-            n_trials=3,
-            client=client,  # type: ignore[arg-type]
-            storage=optuna.storages.InMemoryStorage(),
-            progress=False,
-            trial_walltime=2 * float(SHORT_LIFETIME.rstrip("s")),
-            ranks_per_trial=one_rank,
-        )
-    trials = study.get_trials(deepcopy=False)
+    hint = 2 * float(SHORT_LIFETIME.rstrip("s"))
+    trials, retired = _search_and_retired(client, caplog, 3, hint, ranks_per_trial=one_rank)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     assert all(short not in t.user_attrs[inputs.ATTR_GANG] for t in trials)
-    retired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retiring")]
     assert len(retired) == 1 and short in retired[0], retired
 
 
