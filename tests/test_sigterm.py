@@ -165,6 +165,16 @@ def test_sigterm_to_a_dask_worker_command_retires_it_and_its_trial_resumes(
     command.wait(timeout=60)  # it ended by itself once its trial saved
     assert command.returncode == 0, (tmp_path / "pod.log").read_text()[-2000:]
     _assert_resumed(trials[int(folder.name.split("-")[1])], folder, pod)
+    deadline = time.monotonic() + 30  # Dask's own SIGTERM handling back after the search
+    while any(client.run(_retires_on_sigterm).values()):
+        assert time.monotonic() < deadline, "the workers still retire on SIGTERM"
+        time.sleep(0.1)
+
+
+def _retires_on_sigterm(dask_worker: Any) -> bool:
+    from clusterkit.runners.graceful import NAME
+
+    return NAME in dask_worker.plugins
 
 
 @pytest.mark.slurm
