@@ -198,3 +198,42 @@ def test_a_trial_whose_slurm_job_is_cancelled_saves_on_its_sigterm_and_resumes(
     finally:
         api.down(record.name)
     _assert_resumed(trial, folder, job)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("main", "argv0", "loaded", "expected"),
+    [
+        ("distributed.cli.dask_worker", "/venv/bin/python", (), True),  # a batch job's
+        ("dask_cuda.cli", "/venv/bin/python", (), True),  # a GPU job's
+        (None, "/venv/bin/dask", ("dask_cuda.cli",), True),  # a pod's `dask cuda worker`
+        (None, "/venv/bin/dask", (), False),  # `dask scheduler`
+        (
+            None,
+            "/venv/bin/clusterkit",
+            ("distributed.cli.dask_worker",),
+            False,
+        ),  # nannies of its own
+    ],
+)
+def test_only_a_dask_worker_commands_process_passes_sigterm_on(
+    monkeypatch: pytest.MonkeyPatch,
+    main: str | None,
+    argv0: str,
+    loaded: tuple[str, ...],
+    expected: bool,
+) -> None:
+    import types
+
+    from clusterkit.runners import graceful
+
+    module = types.ModuleType("__main__")
+    module.__spec__ = None if main is None else types.SimpleNamespace(name=main)  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "__main__", module)
+    monkeypatch.setattr(sys, "argv", [argv0, "worker"])
+    for name in graceful.COMMANDS:
+        if name in loaded:
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        else:
+            monkeypatch.delitem(sys.modules, name, raising=False)
+    assert graceful.in_worker_command() is expected

@@ -30,7 +30,10 @@ logger = logging.getLogger(__name__)
 #: Seconds a worker waits after SIGTERM for its running tasks before it closes anyway.
 GRACE = 25.0
 NAME = "clusterkit-graceful-end"
-COMMAND = "distributed.cli.dask_worker"  # the module of `dask worker`, in jobs and pods
+#: The modules of ``dask worker`` and ``dask cuda worker`` (jobs' and pods' commands), and the
+#: scripts that run them.
+COMMANDS = ("distributed.cli.dask_worker", "dask_cuda.cli")
+SCRIPTS = ("dask", "dask-worker", "dask-cuda-worker")
 
 
 def grace() -> float:
@@ -64,7 +67,7 @@ class RetireOnSigterm(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker, self.noted_at = worker, None
-        if worker.nanny or _in_dask_worker_command():  # a process of its own: its signal
+        if worker.nanny or in_worker_command():  # a process of its own: its signal
             self._previous = _handle(self._noted)
 
     def teardown(self, worker: Any) -> None:
@@ -112,7 +115,7 @@ class ForwardSigterm(NannyPlugin):
     idempotent = True
 
     def setup(self, nanny: Any) -> None:
-        if not _in_dask_worker_command():
+        if not in_worker_command():
             return
         if not _nannies:
             _previous.append(_handle(_forward))
@@ -138,10 +141,15 @@ def _forward(signum: int, frame: Any) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def _in_dask_worker_command() -> bool:
-    """Whether this process is a ``dask worker`` command's (a batch job's or a pod's)."""
-    main = getattr(sys.modules.get("__main__"), "__spec__", None)  # python -m distributed.cli...
-    return COMMAND in sys.modules or getattr(main, "name", None) == COMMAND
+def in_worker_command() -> bool:
+    """Whether this process is a ``dask worker`` or ``dask cuda worker`` command's (a batch
+    job's, a pod's): run as ``python -m MODULE``, or as the ``dask`` script with the module
+    loaded. Not a program that runs its nannies itself (a LocalCluster's)."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main, "name", None) in COMMANDS:
+        return True
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return script in SCRIPTS and any(module in sys.modules for module in COMMANDS)
 
 
 def _handle(handler: Any) -> Any:
