@@ -34,6 +34,7 @@ TRIM = "MALLOC_TRIM_THRESHOLD_"
 _lock = threading.Lock()
 _spares: list[RankProcess] = []
 _warm: dict[tuple[Any, ...], list[RankProcess]] = {}
+_releasing: list[threading.Thread] = []  # release() threads that may still start a spare
 
 
 class RankProcess:
@@ -160,13 +161,16 @@ def release(scope: str, dask_worker: Any = None) -> int:
     end."""
     with _lock:
         gone = [p for k in [k for k in _warm if k[0] == scope] for p in _warm.pop(k)]
-    threading.Thread(
-        target=_replace, args=(gone, dask_worker), name="clusterkit-rank-release", daemon=True
-    ).start()
+        thread = threading.Thread(
+            target=_replace, args=(gone, dask_worker), name="clusterkit-rank-release", daemon=True
+        )
+        _releasing[:] = [t for t in _releasing if t.is_alive()] + [thread]
+    thread.start()
     return len(gone)
 
 
 def _replace(gone: list[RankProcess], worker: Any) -> None:
+    """End ``gone``, then start the worker's spare (:func:`release`'s thread)."""
     for process in gone:
         process.close()
     if worker is not None:
@@ -186,7 +190,10 @@ class SparePlugin(WorkerPlugin):
 
 
 def end_all() -> int:
-    """End this worker's spare and warm rank processes; how many there were."""
+    """End this worker's spare and warm rank processes; how many there were (after a
+    :func:`release` still under way: the spare it starts too)."""
+    for thread in list(_releasing):
+        thread.join(timeout=30)
     with _lock:
         processes = [*_spares, *(p for pool in _warm.values() for p in pool)]
         _spares.clear()
