@@ -23,12 +23,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a worker waits after SIGTERM for its running tasks before it closes anyway.
 GRACE = 25.0
+#: Seconds the scheduler has to take a SIGTERMed worker's retirement (it may be gone too).
+RETIRE_TIMEOUT = 5.0
 NAME = "clusterkit-graceful-end"
 #: The modules of ``dask worker`` and ``dask cuda worker`` (jobs' and pods' commands), and the
 #: scripts that run them.
@@ -88,13 +91,14 @@ class RetireOnSigterm(WorkerPlugin):
             worker.address,
             self.grace,
         )
-        with contextlib.suppress(Exception):  # the scheduler gone: close all the same
-            await worker.scheduler.retire_workers(
-                workers=[worker.address],
-                close_workers=False,
-                remove=False,
-                stimulus_id=f"clusterkit-sigterm-{time.time()}",
-            )
+        retiring = worker.scheduler.retire_workers(
+            workers=[worker.address],
+            close_workers=False,
+            remove=False,
+            stimulus_id=f"clusterkit-sigterm-{time.time()}",
+        )
+        with contextlib.suppress(Exception):  # the scheduler gone (`down`): close all the same
+            await asyncio.wait_for(retiring, RETIRE_TIMEOUT)
         deadline = time.monotonic() + self.grace
         while _running(worker) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
@@ -133,12 +137,15 @@ _previous: list[Any] = []  # the handler before :func:`_forward`
 
 
 def _forward(signum: int, frame: Any) -> None:
-    pids = [getattr(n.process, "pid", None) for n in _nannies if n.process is not None]
-    if not any(pids) and _previous and callable(_previous[0]):  # no worker: as before
+    """SIGTERM in a worker command's process: each nanny's worker gets it, and the nanny closes
+    once its worker exits, however it ends (it never starts another)."""
+    live = [n for n in _nannies if n.process is not None and n.process.is_alive()]
+    if not live and _previous and callable(_previous[0]):  # no worker: as before
         _previous[0](signum, frame)
-    for pid in filter(None, pids):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+    for nanny in live:
+        nanny.status = Status.closing_gracefully  # Nanny.close_gracefully(), without its log
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(nanny.process.pid, signal.SIGTERM)
 
 
 def in_worker_command() -> bool:
@@ -169,19 +176,20 @@ def _restore(previous: Any) -> None:
 @contextlib.contextmanager
 def registered(client: Any) -> Iterator[None]:
     """SIGTERM retires the workers of ``client``'s cluster (those to come too) while inside;
-    Dask's own SIGTERM handling back after (asked for as it leaves, not waited for)."""
+    Dask's own SIGTERM handling back after."""
     client.register_plugin(RetireOnSigterm(grace()), name=NAME)
     client.register_plugin(ForwardSigterm(), name=NAME)
     try:
         yield
     finally:
         with contextlib.suppress(Exception):  # a cluster gone: its processes ended anyway
-            client.loop.add_callback(_unregister, client)  # not waited for: 0.1-0.2 s
+            client.sync(_unregister, client)
 
 
 async def _unregister(client: Any) -> None:
-    """The plugin off the workers and the nannies, in the background of the client's loop
-    (a broadcast to every nanny, over new connections: 0.1-0.2 s on 8 workers)."""
+    """The plugin off the workers and the nannies at once (a broadcast to every nanny, over
+    new connections: 0.1-0.2 s on 8 workers); waited for, since a client closed right after
+    the search would leave it on."""
     scheduler = client.scheduler
     await asyncio.gather(
         scheduler.unregister_worker_plugin(name=NAME),
