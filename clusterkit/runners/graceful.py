@@ -182,8 +182,9 @@ def registered(client: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):  # a cluster gone: its processes ended anyway
-            client.sync(_unregister, client)
+        if client.status == "running":  # a cluster gone: its processes ended anyway
+            with contextlib.suppress(Exception):
+                client.sync(_unregister, client)
 
 
 async def _unregister(client: Any) -> None:
@@ -191,8 +192,9 @@ async def _unregister(client: Any) -> None:
     new connections: 0.1-0.2 s on 8 workers); waited for, since a client closed right after
     the search would leave it on."""
     scheduler = client.scheduler
-    await asyncio.gather(
+    both = asyncio.gather(
         scheduler.unregister_worker_plugin(name=NAME),
         scheduler.unregister_nanny_plugin(name=NAME),
         return_exceptions=True,
     )
+    await asyncio.wait_for(both, RETIRE_TIMEOUT)  # a cluster lost mid-search: do not hang on it
