@@ -18,7 +18,8 @@ Makespan is each side's wall time (``hpo.run`` call(s) to return), against the l
 max(sum(k_i t_i) / slots, max t_i); utilisation is sum(k_i t_i) / (slots x makespan). Launch
 overhead per trial: from the gang's launch (stamped in this process by wrapping the gang loop's
 ``_launch``) to rank 0's objective start (``ck_time``); slot overhead: how long a gang held its
-slots beyond t. Repetitions are interleaved, order alternating; medians are reported.
+slots beyond t; a search's fixed costs: from the call to its first launch, and from its last
+gang's end to its return. Repetitions are interleaved, order alternating; medians are reported.
 
     .venv/bin/python bench/gangs.py --reps 1 --trials 24 --seed 0
 
@@ -197,16 +198,26 @@ def run_gangs(
     client.run(_set_reuse, "0" if fresh else "1")
     POLICY[0] = policy
     name = f"gangs-{rep}-{'fresh' if fresh else 'reused'}-{policy.replace(' ', '-')}"
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), time.time()
     study = search(client, trials, name, _size)
     makespan = time.perf_counter() - started
     POLICY[0] = POLICIES[0]
+    edges = _edges(name, wall, wall + makespan)
     client.run(_set_reuse, "1")
     check(study, trials)
     launch, held = overheads(study)
     if TIMELINE and rep == 0 and not fresh and policy == POLICIES[0]:
         save_timeline(study, TIMELINE[0])
-    return {"makespan": makespan, "launch": launch, "held": held}
+    return {"makespan": makespan, "launch": launch, "held": held, "edges": edges}
+
+
+def _edges(name: str, called: float, returned: float) -> tuple[float, float]:
+    """A search's fixed costs: from ``hpo.run``'s call to its first gang's launch, and from its
+    last gang's slots freed to its return (wall-clock seconds)."""
+    with _STAMPS_LOCK:
+        launches = [t for (study, _), t in STAMPS["launch"].items() if study == name]
+        freed = [t for (study, _), t in STAMPS["freed"].items() if study == name]
+    return min(launches) - called, returned - max(freed)
 
 
 TIMELINE: list[str] = []  # --timeline PATH: the first gang search's timeline picture
@@ -375,7 +386,7 @@ def main() -> None:
                 results[name].append(result)
                 print(
                     f"rep {rep} {name}: makespan {result['makespan']:.2f}s bound {bound:.2f}s "
-                    f"ratio {result['makespan'] / bound:.3f}",
+                    f"ratio {result['makespan'] / bound:.3f}" + _edges_text(result),
                     flush=True,
                 )
     finally:
@@ -387,6 +398,13 @@ def main() -> None:
                 print(f"warning: closing a cluster: {error!r}", flush=True)
 
     report(args, results, bounds, ideals)
+
+
+def _edges_text(result: dict[str, Any]) -> str:
+    if "edges" not in result:
+        return ""
+    first, last = result["edges"]
+    return f" (call to first launch {1e3 * first:.0f} ms, last end to return {1e3 * last:.0f} ms)"
 
 
 def simulated(side: str, trials: list[tuple[int, float]]) -> float | None:
@@ -407,10 +425,10 @@ def report(args: Any, results: dict[str, Any], bounds: list[float], ideals: list
     print(
         "| side | makespan s | makespan / lower bound | zero overhead (simulated) / lower bound "
         "| utilisation | launch -> rank 0 start ms (median / p95) "
-        "| slots held beyond t ms (median / p95) |"
+        "| slots held beyond t ms (median / p95) | call to first launch / last end to return ms |"
     )
-    print("|---|---|---|---|---|---|---|")
-    print(f"| lower bound | {statistics.median(bounds):.2f} | 1.000 | 1.000 | 1.000 | | |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| lower bound | {statistics.median(bounds):.2f} | 1.000 | 1.000 | 1.000 | | | |")
     for name, runs in results.items():
         makespan = statistics.median(r["makespan"] for r in runs)
         ratio = statistics.median(r["makespan"] / r["bound"] for r in runs)
@@ -425,12 +443,21 @@ def report(args: Any, results: dict[str, Any], bounds: list[float], ideals: list
             f"| {name} | {makespan:.2f} | {ratio:.3f}{verdict} "
             f"| {f'{statistics.median(sim):.3f}' if sim else ''} | {util:.3f} "
             f"| {1e3 * statistics.median(launch):.0f} / {1e3 * percentile(launch, 95):.0f} "
-            f"| {1e3 * statistics.median(held):.0f} / {1e3 * percentile(held, 95):.0f} |"
+            f"| {1e3 * statistics.median(held):.0f} / {1e3 * percentile(held, 95):.0f} "
+            f"| {_edges_median(runs)} |"
         )
     print(
         "\nlaunch/held columns: gang trials only (static: its k=2 and k=4 searches; its k=1 "
         "searches are plain searches with no rank processes)."
     )
+
+
+def _edges_median(runs: list[dict[str, Any]]) -> str:
+    edges = [r["edges"] for r in runs if "edges" in r]
+    if not edges:
+        return ""
+    first, last = (1e3 * statistics.median(e[i] for e in edges) for i in (0, 1))
+    return f"{first:.0f} / {last:.0f}"
 
 
 def simulate_only(args: Any) -> None:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKER_WAIT_ENV = "CLUSTERKIT_DDP_WORKER_WAIT"  # seconds to wait for enough workers (60)
-_prepared: set[str] = set()
+_prepared: set[Any] = set()  # client ids, and (client id, imports) asked for
 
 
 class TrainingFailed(ClusterkitError):
@@ -55,14 +55,16 @@ class TrainingFailed(ClusterkitError):
         super().__init__(fit(f"{where} failed{tries}: {message}", 1000))
 
 
-def prepare(client: Client) -> None:
-    """Start a spare rank process (torch imported) on every worker, now and on new workers."""
-    from clusterkit.runners.ddp.pool import SparePlugin
+def prepare(client: Client, imports: tuple[str, ...] = ()) -> None:
+    """Start a spare rank process (torch imported) on every worker, now and on new workers;
+    spares import ``imports`` too (a runner's rank code), those started from now on."""
+    from clusterkit.runners.ddp.pool import SparePlugin, preload
 
-    if client.id in _prepared:
-        return
-    client.register_plugin(SparePlugin(), name=SparePlugin.name)
-    _prepared.add(client.id)
+    if client.id not in _prepared:
+        client.register_plugin(SparePlugin(imports), name=SparePlugin.name)
+    elif imports and (client.id, imports) not in _prepared:  # the plugin is up: new ones
+        client.run(preload, list(imports))
+    _prepared.update([client.id, (client.id, imports)])
 
 
 def wait_ready(client: Client, timeout: float = 60.0) -> None:

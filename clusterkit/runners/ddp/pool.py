@@ -35,19 +35,22 @@ _lock = threading.Lock()
 _spares: list[RankProcess] = []
 _warm: dict[tuple[Any, ...], list[RankProcess]] = {}
 _releasing: list[threading.Thread] = []  # release() threads that may still start a spare
+_imports: list[str] = []  # modules spares import too: the rank code of the runners used here
 
 
 class RankProcess:
     """A rank process and our end of its socket; ``ready`` once it waits for a spec. A spare
-    imports what a training's first steps need before it is ready (``rank.SPARE_PRELOAD``;
-    ``CLUSTERKIT_DDP_PRELOAD=0``: torch only)."""
+    imports what a training's first steps need before it is ready (``rank.SPARE_PRELOAD``, and
+    the modules :func:`preload` named; ``CLUSTERKIT_DDP_PRELOAD=0``: torch only)."""
 
     def __init__(self, threads: int, spare: bool = False) -> None:
         ours, theirs = socket.socketpair()
         env = rank_environ(threads)
         argv = [sys.executable, "-m", "clusterkit.runners.ddp.rank", str(theirs.fileno())]
+        if spare and os.environ.get(PRELOAD_ENV, "1") != "0":
+            argv += ["--preload", *_imports]
         self.proc = subprocess.Popen(
-            [*argv, "--preload"] if spare and os.environ.get(PRELOAD_ENV, "1") != "0" else argv,
+            argv,
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
@@ -104,6 +107,13 @@ def ensure_spare(worker: Any) -> None:
         _spares[:] = [r for r in _spares if r.alive()]
         if not _spares:
             _spares.append(RankProcess(threads_of(worker), spare=True))
+
+
+def preload(modules: list[str]) -> None:
+    """Spares started on this worker from now on import ``modules`` too (a runner's rank code:
+    a search's first trial on each worker then does not import Optuna beside the others)."""
+    with _lock:
+        _imports.extend(m for m in modules if m not in _imports)
 
 
 def spare_ready() -> bool:
@@ -178,11 +188,16 @@ def _replace(gone: list[RankProcess], worker: Any) -> None:
 
 
 class SparePlugin(WorkerPlugin):
-    """Keeps a spare rank process on every worker, including workers that join later."""
+    """Keeps a spare rank process on every worker, including workers that join later; it
+    imports ``imports`` too (:func:`preload`)."""
 
     name = "clusterkit-ddp-spares"
 
+    def __init__(self, imports: tuple[str, ...] = ()) -> None:
+        self.imports = imports
+
     def setup(self, worker: Any) -> None:
+        preload(list(self.imports))
         ensure_spare(worker)
 
     def teardown(self, worker: Any) -> None:

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -329,10 +330,10 @@ def _flush() -> None:
 SPARE_PRELOAD = ("torch.nn.parallel", "torch._dynamo", "torch.utils.data")
 
 
-def main(fd: int, preload: bool = False) -> None:
+def main(fd: int, preload: bool = False, imports: Sequence[str] = ()) -> None:
     """Serve ranks over the inherited socket ``fd``: one, or one after another while each
     ends cleanly and its spec asks for reuse (a search's gang trials). A spare (``preload``)
-    imports :data:`SPARE_PRELOAD` first."""
+    imports :data:`SPARE_PRELOAD` and ``imports`` first."""
     import socket
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
@@ -348,7 +349,7 @@ def main(fd: int, preload: bool = False) -> None:
     if preload:
         import importlib
 
-        for name in SPARE_PRELOAD:
+        for name in (*SPARE_PRELOAD, *imports):
             importlib.import_module(name)
     baseline = _Baseline()
     conn.send(("ready", torch.__version__))  # no CUDA call: the layout is set per rank later
@@ -374,5 +375,5 @@ def main(fd: int, preload: bool = False) -> None:
     os._exit(0)  # skip interpreter teardown: torch/gloo threads can make it slow
 
 
-if __name__ == "__main__":
-    main(int(sys.argv[1]), preload="--preload" in sys.argv[2:])
+if __name__ == "__main__":  # FD [--preload [MODULE ...]]
+    main(int(sys.argv[1]), preload="--preload" in sys.argv[2:], imports=sys.argv[3:])

@@ -126,14 +126,12 @@ def _search(
     """Trials a dead driver left running recovered, the search to its end, its results written
     (so far, when it stops: Ctrl-C, SIGTERM, `runs stop`); :class:`~.records.NoTrialCompleted`
     when the study holds no completed trial."""
-    from clusterkit.runners import graceful
     from clusterkit.runners.hpo.account import Ledger
     from clusterkit.runners.hpo.gang_account import GangLedger
 
     inputs.recover_orphans(study)
     ledger = (Ledger if settings[-1] is None else GangLedger)(settings[1])  # the hours, from now
-    # SIGTERM from a batch system to a worker: its trials save, then it retires (.graceful)
-    with report.written_if_stopped(study, out, ledger), graceful.registered(client):
+    with report.written_if_stopped(study, out, ledger):
         drive(
             study,
             client,
@@ -217,6 +215,7 @@ def drive(
     ``warm``, the search's warm-up, unregistered once it ends; ``lookahead``, ``callbacks``:
     see :func:`run`; ``ledger``: the :class:`.account.Ledger` the loop fills (a gang search's:
     a :class:`.gang_account.GangLedger`)."""
+    from clusterkit.runners import graceful
     from clusterkit.runners.hpo import warmup
     from clusterkit.runners.hpo.report import ProgressDisplay
     from clusterkit.runners.workdir.pickling import dumps
@@ -236,9 +235,12 @@ def drive(
     search.order = InOrder(study, callbacks)
     inputs.say_if_done(study, search.done, n_trials)
     try:
-        search.loop()
+        # SIGTERM from a batch system to a worker: its trials save, then it retires (.graceful)
+        with graceful.registered(client):
+            search.loop()
         LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)
     finally:
+        search.release()  # after the plugin is off: what it starts on the workers takes CPU
         warmup.stop(warm)
         if display is not None:
             display.close()

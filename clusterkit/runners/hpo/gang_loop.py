@@ -28,7 +28,7 @@ from clusterkit.runners.hpo.dispatch import Attempt, lost_rank
 from clusterkit.runners.hpo.gang_account import GangLedger, held_by
 from clusterkit.runners.hpo.gang_preemption import GangWatch, agree, closing
 from clusterkit.runners.hpo.gangs import GangOptions
-from clusterkit.runners.hpo.loop import STALL_AFTER, SearchLoop
+from clusterkit.runners.hpo.loop import SearchLoop
 from clusterkit.runners.hpo.preemption import TrialInterrupted
 from clusterkit.runners.hpo.retried import series_number
 
@@ -68,6 +68,7 @@ class GangLoop(SearchLoop):
     def __init__(self, *args: Any, gang: GangOptions, trial_walltime: float | None = None) -> None:
         super().__init__(*args, trial_walltime=trial_walltime)  # type: ignore[misc]
         from clusterkit.runners.ddp.driver import prepare
+        from clusterkit.runners.hpo.gang_rank import run_rank
         from clusterkit.runners.workdir.once import Collector
 
         self.options = gang
@@ -81,23 +82,26 @@ class GangLoop(SearchLoop):
         self.interfaces: dict[str, dict[str, str]] = {}
         self.watch = GangWatch(self.client, self.walltime)  # gangs whose workers are ending
         self.ledger: GangLedger = GangLedger(self.resources)  # each gang holds its k slots
-        prepare(self.client)  # spare rank processes: a launch takes well under a second
+        prepare(self.client, (run_rank.__module__,))  # spares (ours imported): launches in ms
         self.janitor = ThreadPoolExecutor(1, thread_name_prefix="clusterkit-gang-cleanup")
         self.warnings = Collector(self.client, f"{self.topic}-warnings")
         self._set_layout(ddp_placement.live_workers(self.client))
 
     def loop(self) -> None:
-        from clusterkit.runners.ddp.pool import release
-
         try:
             super().loop()
         finally:
             self.janitor.shutdown(wait=True)
             self.warnings.summary("ranks")
-            try:
-                self.client.run(release, self.topic, on_error="ignore")
-            except Exception as error:  # a cluster going away ends its processes anyway
-                logger.debug("releasing warm rank processes failed: %s", error)
+
+    def release(self) -> None:
+        """The search's warm rank processes end, spares start (the driver's last calls first)."""
+        from clusterkit.runners.ddp.pool import release
+
+        try:
+            self.client.run(release, self.topic, on_error="ignore")
+        except Exception as error:  # a cluster going away ends its processes anyway
+            logger.debug("releasing warm rank processes failed: %s", error)
 
     # ------------------------------------------------------------------ slots
 
@@ -387,11 +391,7 @@ class GangLoop(SearchLoop):
             head = self.policy.head([(n, self._gang(n).size) for n in self.line])
             self.display.update_gangs(self.study, self.n_trials, sizes, len(self.layout), head)
 
-    def _watchdog(self) -> None:
-        quiet = time.monotonic() - self._heard_at
-        if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
-            return
-        self._stall_logged = True
+    def _log_stall(self, quiet: float) -> None:
         logger.warning(
             "no trial finished or reported for %.0fs; %d gangs running, %d trials waiting",
             quiet,

@@ -58,12 +58,9 @@ class SearchLoop:
     ) -> None:
         self.study = study
         self.storage = inputs.storage_of(study)
-        self.client = client
-        self.blob = objective_blob
-        self.n_trials = n_trials
+        self.client, self.blob, self.n_trials = client, objective_blob, n_trials
         self.resources = dict(resources) if resources else None
-        self.retries = retries
-        self.catch = catch
+        self.retries, self.catch = retries, catch
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.lookahead = lookahead if timeout is None else 0  # a queued trial would start late
         self.display = display
@@ -75,10 +72,8 @@ class SearchLoop:
         self.directions = [int(d) for d in study.directions]
         self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
         self._slots_value, self._slots_at = 1, -math.inf
-        self._keys = 0
-        self._reported_at = -math.inf
-        self._heard_at = time.monotonic()  # the last notice from the cluster (watchdog)
-        self._stall_logged = False
+        self._keys, self._reported_at = 0, -math.inf
+        self._heard_at, self._stall_logged = time.monotonic(), False  # the watchdog's
         self._longest = 0.0  # the longest trial so far: a quiet spell shorter is no stall
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
         self.presample = Presampler(study)
@@ -90,6 +85,9 @@ class SearchLoop:
 
         self._waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         self._dirty = False  # writes not yet flushed (see _report)
+
+    def release(self) -> None:
+        """What the search kept on the workers goes, once it returns (:class:`.GangLoop`'s)."""
 
     # ------------------------------------------------------------------ dispatch
 
@@ -226,8 +224,7 @@ class SearchLoop:
     def _report(self) -> None:
         """Make every write durable, then show progress (:mod:`.storage`; an fsync, a lock)."""
         flush_storage(self.storage)
-        self._dirty = False
-        self._reported_at = time.monotonic()
+        self._dirty, self._reported_at = False, time.monotonic()
         self._show()
 
     def _recheck(self) -> None:
@@ -242,6 +239,9 @@ class SearchLoop:
         if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
             return
         self._stall_logged = True
+        self._log_stall(quiet)
+
+    def _log_stall(self, quiet: float) -> None:
         log_stall(self.client, [attempt.future.key for attempt in self.inflight.values()], quiet)
 
     # ------------------------------------------------------------------ events from workers
