@@ -380,3 +380,14 @@ def test_a_retried_trial_resumes_from_its_checkpoint(
     assert started == [f"{n}-{r}-from-{s}" for n in (0, 1) for r in (0, 1) for s in (0, 2)]
     if checkpoints is not None:  # a folder per trial
         assert sorted(p.name for p in checkpoints.iterdir()) == ["trial-0", "trial-1"]
+    deadline = time.monotonic() + 10  # a variable's deletion is a message, not waited for
+    while left := client.run_on_scheduler(_search_state):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"left on the scheduler after the search: {left}"
+        time.sleep(0.1)
+
+
+def _search_state(dask_scheduler: object) -> list[str]:
+    """Names of searches' events and variables on the scheduler (checkpoints, ports)."""
+    extensions = dask_scheduler.extensions  # type: ignore[attr-defined]
+    names = [*extensions["events"]._events, *extensions["variables"].variables]
+    return [name for name in names if str(name).startswith("clusterkit-hpo-")]
