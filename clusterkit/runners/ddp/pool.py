@@ -179,6 +179,12 @@ def release(scope: str, dask_worker: Any = None) -> int:
     return len(gone)
 
 
+async def release_soon(scope: str, dask_worker: Any = None) -> None:
+    """:func:`release` once the worker has answered (``client.run(..., wait=False)``: the
+    search's return waited up to 0.3 s for 8 busy workers to start its threads)."""
+    release(scope, dask_worker)
+
+
 def _replace(gone: list[RankProcess], worker: Any) -> None:
     """End ``gone``, then start the worker's spare (:func:`release`'s thread)."""
     for process in gone:

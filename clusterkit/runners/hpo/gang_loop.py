@@ -96,10 +96,10 @@ class GangLoop(SearchLoop):
 
     def release(self) -> None:
         """The search's warm rank processes end, spares start (the driver's last calls first)."""
-        from clusterkit.runners.ddp.pool import release
+        from clusterkit.runners.ddp.pool import release_soon
 
         try:
-            self.client.run(release, self.topic, on_error="ignore")
+            self.client.run(release_soon, self.topic, wait=False, on_error="ignore")
         except Exception as error:  # a cluster going away ends its processes anyway
             logger.debug("releasing warm rank processes failed: %s", error)
 
