@@ -380,6 +380,7 @@ def main() -> None:
             work.append(sum(k * t for k, t in trials))
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for name in order:
+                settle(gang_client, static_clients)
                 result = sides[name](trials, rep)
                 result["bound"], result["work"] = bound, work[-1]
                 result["simulated"] = simulated(name, trials)
@@ -405,6 +406,17 @@ def _edges_text(result: dict[str, Any]) -> str:
         return ""
     first, last = result["edges"]
     return f" (call to first launch {1e3 * first:.0f} ms, last end to return {1e3 * last:.0f} ms)"
+
+
+def settle(gang_client: Any, static_clients: list[Any]) -> None:
+    """Every cluster's spare rank processes ready, so a side never starts while the side before
+    it puts spares back (8 imports of torch on 2 cores, the static clusters' included)."""
+    from clusterkit.runners.ddp.driver import wait_ready
+
+    wait_ready(gang_client, timeout=180)
+    for (_, size), client in zip(GROUPS, static_clients, strict=True):
+        if size > 1:
+            wait_ready(client, timeout=180)
 
 
 def simulated(side: str, trials: list[tuple[int, float]]) -> float | None:
