@@ -536,3 +536,30 @@ def test_detached_search_attaches_to_the_cluster_from_up(lab: Lab, tmp_path: Pat
         assert "Scheduler" in " ".join(S.remote_processes([lab.server]).values())
 
     run_detached_contract(tmp_path, profile, name, "remote", still_up, timeouts=(150, 180))
+
+
+def test_a_failed_starts_cleanup_lets_a_login_shell_of_the_cluster_run_its_exit_trap(
+    tmp_path: Path,
+) -> None:
+    """The cleanup after a failed start (``KILL``) ends the cluster's processes, but a shell of
+    it gets SIGTERM first: ``pyenv rehash`` in a login shell's ``.bashrc`` holds a lock file it
+    removes on exit; killed outright, it left the lock and every later login on the host waited
+    60 s for it (CI's SSH tests then timed out connecting)."""
+    from clusterkit.backends.ssh.remote import cleanup_command
+    from clusterkit.backends.ssh.spec import MARKER_VAR
+
+    cluster_id = f"ck-trap-{uuid.uuid4().hex[:8]}"
+    lock = tmp_path / "rehash.lock"
+    script = f'trap "rm -f {lock}" EXIT; touch {lock}; while true; do sleep 0.1; done'
+    shell = subprocess.Popen(["bash", "-c", script], env={**os.environ, MARKER_VAR: cluster_id})
+    try:
+        deadline = time.monotonic() + 10
+        while not lock.exists():
+            assert time.monotonic() < deadline, "the shell did not start"
+            time.sleep(0.05)
+        subprocess.run(["bash", "-c", cleanup_command(cluster_id, "KILL")], check=True, timeout=30)
+        assert shell.wait(timeout=10) != 0
+        assert not lock.exists(), "the shell was killed before its EXIT trap ran"
+    finally:
+        shell.kill()
+        shell.wait()

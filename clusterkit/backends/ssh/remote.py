@@ -116,15 +116,21 @@ def _private_attrs() -> Any:
 
 
 def cleanup_command(cluster_id: str, signal: str = "TERM") -> str:
-    """Shell: signal every process of this cluster (found by its marker), remove its files."""
+    """Shell: signal every process of this cluster (found by its marker), remove its files.
+
+    ``KILL`` sends SIGTERM first and SIGKILL a second later to what is left: a login shell of
+    the cluster's (sshd runs the user's ``.bashrc``) killed outright in ``pyenv rehash`` left its
+    lock behind, and every later login on the host then waited 60 s for it."""
     marker = shlex.quote(f"{MARKER_VAR}={cluster_id}")
     directory = shlex.quote(f"{REMOTE_ROOT}/{cluster_id}")
-    return (
+    signals = ["TERM", "KILL"] if signal == "KILL" else [signal]
+    rounds = [
         "for p in /proc/[0-9]*; do "
         f"if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qxF {marker}; then "
-        f"kill -{signal} ${{p#/proc/}} 2>/dev/null; fi; done; "
-        f"cd && rm -rf {directory}"
-    )
+        f"kill -{name} ${{p#/proc/}} 2>/dev/null; fi; done; "
+        for name in signals
+    ]
+    return "sleep 1; ".join(rounds) + f"cd && rm -rf {directory}"
 
 
 async def cleanup(
