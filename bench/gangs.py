@@ -190,11 +190,6 @@ def run_gangs(
 ) -> dict[str, Any]:
     """One gang search under ``policy``; ``fresh``: every trial's ranks in new processes (the
     behaviour before rank processes were reused across a search's trials), on the same workers."""
-    from clusterkit.runners.ddp.driver import wait_ready
-
-    wait_ready(
-        client, timeout=180
-    )  # the spares the search before put back, as a user's idle cluster
     client.run(_set_reuse, "0" if fresh else "1")
     POLICY[0] = policy
     name = f"gangs-{rep}-{'fresh' if fresh else 'reused'}-{policy.replace(' ', '-')}"
@@ -248,11 +243,6 @@ def static_split(trials: list[tuple[int, float]]) -> list[list[tuple[int, float]
 
 
 def run_static(clients: list[Any], trials: list[tuple[int, float]], rep: int) -> dict[str, Any]:
-    from clusterkit.runners.ddp.driver import wait_ready
-
-    for (_, size), client in zip(GROUPS, clients, strict=True):
-        if size > 1:
-            wait_ready(client, timeout=180)
     parts = static_split(trials)
     studies: list[Any] = [None] * len(GROUPS)
     errors: list[BaseException] = []
@@ -409,8 +399,9 @@ def _edges_text(result: dict[str, Any]) -> str:
 
 
 def settle(gang_client: Any, static_clients: list[Any]) -> None:
-    """Every cluster's spare rank processes ready, so a side never starts while the side before
-    it puts spares back (8 imports of torch on 2 cores, the static clusters' included)."""
+    """Every cluster's spare rank processes ready (as on a user's idle cluster), so a side never
+    starts while the side before it puts spares back (8 imports of torch on 2 cores, the static
+    clusters' included)."""
     from clusterkit.runners.ddp.driver import wait_ready
 
     wait_ready(gang_client, timeout=180)
