@@ -214,6 +214,9 @@ def fail_on_leftovers(baseline: set[int], what: str) -> None:
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        # the next test starts once they are dead: a spare rank process still dying could
+        # otherwise be taken by its first trial
+        wait_gone(baseline, seconds=10.0)
         pytest.fail(f"{what} left processes running:\n{text}", pytrace=False)
 
 

@@ -263,6 +263,21 @@ def test_a_searchs_warm_rank_process_stands_in_for_the_spare_till_the_search_end
     )
 
 
+def test_a_release_after_the_rank_processes_ended_starts_none(client: object) -> None:
+    """A search's release (``client.run(..., wait=False)``) can reach a worker after its rank
+    processes were ended (a closing worker, a test's cleanup): with no warm process of that
+    search to end, it starts no spare either, so no rank process outlives the cleanup (CI: a
+    spare started after the cleanup was killed 15 s later while the next test's first trial
+    took it)."""
+    from clusterkit.runners.ddp.pool import end_all, release_soon
+
+    client.run(end_all)  # type: ignore[attr-defined]
+    client.run(release_soon, "clusterkit-hpo-ended", wait=False)  # type: ignore[attr-defined]
+    time.sleep(1.0)  # a spare, once started, is a child of its worker at once
+    left = client.run(_rank_processes).values()  # type: ignore[attr-defined]
+    assert all(p == [] for p in left), left
+
+
 def failing_objective(trial: optuna.Trial, marker_dir: Path) -> float:
     """Rank 1 of trial 0 is killed by a signal once (out of memory, a walltime's kill): the
     cluster ended it. Trial 1's rank 1 exits with a code of its own, trial 2's raises: the

@@ -168,9 +168,12 @@ def release(scope: str, dask_worker: Any = None) -> int:
     """End the warm processes of search ``scope`` and put a spare back (client.run at the
     search's end), off the worker's event loop: the search returns without waiting for them
     (8 workers ending and starting processes on 2 cores held its return 0.2-0.5 s); how many
-    end."""
+    end. None held: the spare was never stood in for, and nothing starts (a release that
+    reaches a worker after :func:`end_all` leaves no process behind)."""
     with _lock:
         gone = [p for k in [k for k in _warm if k[0] == scope] for p in _warm.pop(k)]
+        if not gone:
+            return 0
         thread = threading.Thread(
             target=_replace, args=(gone, dask_worker), name="clusterkit-rank-release", daemon=True
         )
