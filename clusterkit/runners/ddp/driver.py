@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKER_WAIT_ENV = "CLUSTERKIT_DDP_WORKER_WAIT"  # seconds to wait for enough workers (60)
-_prepared: set[Any] = set()  # client ids, and (client id, imports) asked for
+_prepared: dict[str, set[str]] = {}  # client id -> the modules its spares were asked to import
 
 
 class TrainingFailed(ClusterkitError):
@@ -61,11 +61,12 @@ def prepare(client: Client, imports: tuple[str, ...] = ()) -> None:
     spares import ``imports`` too (a runner's rank code), those started from now on."""
     from clusterkit.runners.ddp.pool import SparePlugin, preload
 
-    if client.id not in _prepared:
+    asked = _prepared.get(client.id)
+    if asked is None:
         client.register_plugin(SparePlugin(imports), name=SparePlugin.name)
-    elif imports and (client.id, imports) not in _prepared:  # the plugin is up: new ones
+    elif not asked.issuperset(imports):  # the plugin is up: the workers import more
         client.run(preload, list(imports))
-    _prepared.update([client.id, (client.id, imports)])
+    _prepared.setdefault(client.id, set()).update(imports)
 
 
 def wait_ready(client: Client, timeout: float = 60.0) -> None:
