@@ -231,7 +231,7 @@ def gang_objective(trial: Any) -> float:
     return x
 
 
-def _gang_search(client: Any, n_trials: int) -> Any:
+def gang_search(client: Any, n_trials: int) -> Any:
     import optuna
 
     from clusterkit.runners import hpo
@@ -251,7 +251,7 @@ def _gang_search(client: Any, n_trials: int) -> Any:
     )
 
 
-def _assert_gangs_of_two(study: Any, n_trials: int) -> list[list[Any]]:
+def assert_gangs_of_two(study: Any, n_trials: int) -> list[list[Any]]:
     """Every trial COMPLETE, on two distinct workers, both ranks the same params and world size
     2; the ranks' records (rank order) per trial."""
     from clusterkit.runners.hpo.inputs import ATTR_GANG
@@ -280,7 +280,7 @@ def gang_search_contract(profile: Any, n_trials: int = 4) -> list[list[Any]]:
     try:
         with get_client(record.name) as client, shipped_by_value():
             client.wait_for_workers(2, timeout=120)
-            study = _gang_search(client, n_trials)
+            study = gang_search(client, n_trials)
     finally:
         api.down(record.name)
-    return _assert_gangs_of_two(study, n_trials)
+    return assert_gangs_of_two(study, n_trials)

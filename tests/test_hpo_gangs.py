@@ -278,6 +278,38 @@ def test_a_release_after_the_rank_processes_ended_starts_none(client: object) ->
     assert all(p == [] for p in left), left
 
 
+def test_gang_searches_from_one_client_after_another_leave_each_worker_its_spare(
+    tmp_path: Path,
+) -> None:
+    """What a user of ``clusterkit up`` does: each script connects, runs a gang search and
+    closes its client. The search's release reaches the workers before it returns, so after
+    each one every worker holds its spare alone (gang rank code imported), no warm rank
+    process of a closed client's search."""
+    from clusterkit import api
+    from clusterkit.client import get_client
+    from clusterkit.runners.ddp.pool import spare_ready
+    from tests.contract import assert_gangs_of_two, gang_search, shipped_by_value
+
+    profile = tmp_path / "gangs-up.yaml"
+    profile.write_text("backend: local\nworkers: 2\nworker: {threads: 1, memory: 2GiB}\n")
+    record = api.up(profile)
+    try:
+        for _ in range(2):
+            with get_client(record.name) as client, shipped_by_value():
+                client.wait_for_workers(2, timeout=120)
+                assert_gangs_of_two(gang_search(client, 3), 3)
+            with get_client(record.name) as looking:
+                deadline = time.monotonic() + 120
+                while not all(looking.run(spare_ready).values()):
+                    assert time.monotonic() < deadline, "no spare rank process after the search"
+                    time.sleep(0.2)
+                left = list(looking.run(_rank_processes).values())
+            assert [len(p) for p in left] == [1, 1], left
+            assert all("clusterkit.runners.hpo.gang_rank" in p[0] for p in left), left
+    finally:
+        api.down(record.name)
+
+
 def failing_objective(trial: optuna.Trial, marker_dir: Path) -> float:
     """Rank 1 of trial 0 is killed by a signal once (out of memory, a walltime's kill): the
     cluster ended it. Trial 1's rank 1 exits with a code of its own, trial 2's raises: the
