@@ -96,10 +96,10 @@ class GangLoop(SearchLoop):
 
     def release(self) -> None:
         """The search's warm rank processes end, spares start (the driver's last calls first)."""
-        from clusterkit.runners.ddp.pool import release_soon
+        from clusterkit.runners.ddp.pool import release_everywhere
 
         try:
-            self.client.run(release_soon, self.topic, wait=False, on_error="ignore")
+            self.client.run_on_scheduler(release_everywhere, self.topic)
         except Exception as error:  # a cluster going away ends its processes anyway
             logger.debug("releasing warm rank processes failed: %s", error)
 
