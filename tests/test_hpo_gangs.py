@@ -282,9 +282,9 @@ def test_gang_searches_from_one_client_after_another_leave_each_worker_its_spare
     tmp_path: Path,
 ) -> None:
     """What a user of ``clusterkit up`` does: each script connects, runs a gang search and
-    closes its client. The search's release reaches the workers before it returns, so after
-    each one every worker holds its spare alone (gang rank code imported), no warm rank
-    process of a closed client's search."""
+    closes its client at once. The search's release reaches the scheduler before it returns
+    and the scheduler sees it through, so after each one every worker holds its spare alone
+    (gang rank code imported), no warm rank process of a closed client's search."""
     from clusterkit import api
     from clusterkit.client import get_client
     from clusterkit.runners.ddp.pool import spare_ready
