@@ -166,11 +166,11 @@ def keep_warm(spec: dict[str, Any], process: RankProcess, limit: int) -> bool:
 
 
 def release(scope: str, dask_worker: Any = None) -> int:
-    """End the warm processes of search ``scope`` and put a spare back (client.run at the
-    search's end), off the worker's event loop: the search returns without waiting for them
-    (8 workers ending and starting processes on 2 cores held its return 0.2-0.5 s); how many
-    end. None held: the spare was never stood in for, and nothing starts (a release that
-    reaches a worker after :func:`end_all` leaves no process behind)."""
+    """End the warm processes of search ``scope`` and put a spare back (at the search's end,
+    :func:`release_everywhere`), off the worker's event loop: the search returns without
+    waiting for them (8 workers ending and starting processes on 2 cores held its return
+    0.2-0.5 s); how many end. None held: the spare was never stood in for, and nothing
+    starts (a release that reaches a worker after :func:`end_all` leaves no process behind)."""
     with _lock:
         gone = [p for k in [k for k in _warm if k[0] == scope] for p in _warm.pop(k)]
         if not gone:
@@ -184,8 +184,8 @@ def release(scope: str, dask_worker: Any = None) -> int:
 
 
 async def release_soon(scope: str, dask_worker: Any = None) -> None:
-    """:func:`release` once the worker has answered (``client.run(..., wait=False)``: the
-    search's return waited up to 0.3 s for 8 busy workers to start its threads)."""
+    """:func:`release` once the worker has answered (a ``run`` with ``wait=False``, sent by
+    :func:`release_everywhere`: answering first, a busy worker does not hold the broadcast)."""
     release(scope, dask_worker)
 
 
