@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import optuna
@@ -237,6 +238,18 @@ def _rank_processes(dask_worker: object) -> list[list[str]]:
     return [p.cmdline() for p in children if "clusterkit.runners.ddp.rank" in p.cmdline()]
 
 
+def _wait_for_spares(client: Any) -> None:
+    """Until every worker's spare rank process is ready (2 minutes at most). Not
+    ``ddp.driver.wait_ready``: from a new client it registers the spares' plugin again, which
+    ends every rank process first, warm ones included."""
+    from clusterkit.runners.ddp.pool import spare_ready
+
+    deadline = time.monotonic() + 120
+    while not all(client.run(spare_ready).values()):
+        assert time.monotonic() < deadline, "no spare rank process after the search"
+        time.sleep(0.2)
+
+
 def test_a_searchs_warm_rank_process_stands_in_for_the_spare_till_the_search_ends(
     client: object,
 ) -> None:
@@ -245,17 +258,12 @@ def test_a_searchs_warm_rank_process_stands_in_for_the_spare_till_the_search_end
     cores made bench/gangs.py 1.5-2x its lower bound). The spare is back once the search ends,
     with the gang rank code imported (each search's first trials on 8 workers imported Optuna
     side by side: 100-260 ms before rank 0 started, against 10-30 ms later)."""
-    from clusterkit.runners.ddp.pool import spare_ready
-
     study = _search(client, sibling_objective, 8, ranks_per_trial=4)
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE"] * 8
     later = [t.user_attrs["siblings"] for t in trials[1:]]
     assert later == [[]] * 7, f"rank processes beside a warm one during the search: {later}"
-    deadline = time.monotonic() + 120
-    while not all(client.run(spare_ready).values()):  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "no spare rank process after the search"
-        time.sleep(0.2)
+    _wait_for_spares(client)
     spares = client.run(_rank_processes).values()  # type: ignore[attr-defined]
     assert all(len(p) == 1 for p in spares), spares
     assert all(
@@ -287,7 +295,6 @@ def test_gang_searches_from_one_client_after_another_leave_each_worker_its_spare
     (gang rank code imported), no warm rank process of a closed client's search."""
     from clusterkit import api
     from clusterkit.client import get_client
-    from clusterkit.runners.ddp.pool import spare_ready
     from tests.contract import assert_gangs_of_two, gang_search, shipped_by_value
 
     profile = tmp_path / "gangs-up.yaml"
@@ -299,10 +306,7 @@ def test_gang_searches_from_one_client_after_another_leave_each_worker_its_spare
                 client.wait_for_workers(2, timeout=120)
                 assert_gangs_of_two(gang_search(client, 3), 3)
             with get_client(record.name) as looking:
-                deadline = time.monotonic() + 120
-                while not all(looking.run(spare_ready).values()):
-                    assert time.monotonic() < deadline, "no spare rank process after the search"
-                    time.sleep(0.2)
+                _wait_for_spares(looking)
                 left = list(looking.run(_rank_processes).values())
             assert [len(p) for p in left] == [1, 1], left
             assert all("clusterkit.runners.hpo.gang_rank" in p[0] for p in left), left
