@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,7 +175,6 @@ def _stop_reconnecting_when_gone(client: Client, record: ClusterRecord) -> None:
     """A client that lost its scheduler retries for its whole timeout; once the cluster's record
     is gone or dead (`down`, a supervisor killed) there is nothing to come back: close it, so
     whoever waits on it (a search, ``scale``) hears at once."""
-    import threading
     import time
 
     from clusterkit import state
@@ -294,6 +294,19 @@ def _record_embedded(client: Client, started: Any) -> None:
 
 
 def _close_quietly(started: Any) -> None:
+    """The client's finalizer: stop what the backend started. The garbage collector may run it
+    on a thread inside distributed's class-wide ``LoopRunner`` lock (a cluster starting), which
+    closing takes: then it closes on a thread of its own, once that thread lets go."""
+    from distributed.utils import LoopRunner
+
+    lock = getattr(LoopRunner, "_lock", None)
+    if lock is not None and lock.locked():
+        threading.Thread(target=_close_now, args=(started,), name="clusterkit-close").start()
+    else:
+        _close_now(started)
+
+
+def _close_now(started: Any) -> None:
     with contextlib.suppress(Exception):
         started.close()
 

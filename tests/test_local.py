@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -297,6 +299,49 @@ def test_closing_an_embedded_client_ends_its_event_loop(tmp_path: Path) -> None:
     finally:
         gc.enable()
     assert "IO loop" not in left, left
+
+
+def test_a_closed_client_collected_while_a_cluster_starts_does_not_hang(tmp_path: Path) -> None:
+    """The garbage collector may end a closed embedded client on a thread that holds
+    distributed's class-wide ``LoopRunner`` lock (it runs whenever that thread allocates, e.g.
+    while ``LoopRunner.start`` starts the next cluster's loop). Its finalizer closed the cluster
+    again, which takes that lock: run there, it waited on its own thread for ever (a test
+    after an in-process ``clusterkit train`` hung until pytest's timeout). It must return."""
+    import gc
+    import threading
+
+    from distributed.utils import LoopRunner
+
+    path = profile_file(tmp_path, "backend: local\nworkers: 1\n", "collected")
+    client = clusterkit.get_client(path)
+    cluster, collected = client.cluster, weakref.ref(client)
+    assert client.submit(sum, [1, 2]).result() == 3
+    client.close()
+    lock = LoopRunner._lock
+
+    def collect_holding_the_lock() -> None:
+        lock.acquire()  # as LoopRunner.start holds it while it allocates
+        try:
+            gc.collect()
+        finally:
+            with contextlib.suppress(RuntimeError):  # released by the test on a hang
+                lock.release()
+
+    gc.disable()  # only the collection under the lock may end the client
+    try:
+        del client
+        collector = threading.Thread(target=collect_holding_the_lock)
+        collector.start()
+        collector.join(timeout=30)
+        hung = collector.is_alive()
+        if hung:
+            lock.release()  # let the finalizer through, so this process goes on
+            collector.join(timeout=30)
+    finally:
+        gc.enable()
+    assert not hung, "the client's finalizer waited on the lock its own thread held"
+    assert collected() is None, "the client was not collected: the test did not test"
+    assert cluster.status.name == "closed"
 
 
 def test_a_dashboard_off_profile_never_asks_for_8787(tmp_path: Path) -> None:
