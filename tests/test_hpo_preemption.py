@@ -132,14 +132,23 @@ RESTART_LIFETIME = 8.0  # seconds a worker of the restarting fixture lives
 @pytest.fixture
 def restarting() -> Iterator[object]:
     """A client on one one-thread worker whose job ends every RESTART_LIFETIME seconds and is
-    replaced at once (a requeued batch job: its nanny starts a fresh worker)."""
+    replaced at once (a requeued batch job: its nanny starts a fresh worker).
+
+    SpecCluster closes a nanny whose worker is still away ``lost-worker-timeout`` (15 s) after
+    it left; workers that live 8 s and take 3-5 s to restart under load were away at that
+    instant once in a while (the next restart's gap), and the nanny was closed: no worker
+    ever again. Here the timeout outlasts the test."""
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
     scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
     options = {"host": "127.0.0.1", "nthreads": 1, "lifetime": f"{RESTART_LIFETIME}s"}
     options.update(lifetime_stagger=0, lifetime_restart=True)
     workers = {"job": {"cls": Nanny, "options": options}}
-    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "600s"}),
+        SpecCluster(workers=workers, scheduler=scheduler) as cluster,
+        Client(cluster) as client,
+    ):
         client.wait_for_workers(1)
         yield client
 
