@@ -402,6 +402,132 @@ def test_rank_zero_keeps_the_store_until_every_rank_is_done(client) -> None:
     assert ddp.run(late_store_fn, client=client, world_size=2) == ["first", "here"]
 
 
+def _has_port_handler(dask_worker) -> bool:
+    from clusterkit.runners.ddp import ports
+
+    return ports.OP in dask_worker.handlers
+
+
+def _drop_port_handler(dask_worker) -> None:
+    from clusterkit.runners.ddp import ports
+
+    del dask_worker.handlers[ports.OP]
+
+
+def _publish(key: str, port: int, peers: list[str]) -> None:
+    from clusterkit.runners.ddp import ports
+
+    ports.publish(key, port, peers)
+
+
+def _wait_port(key: str) -> int:
+    from clusterkit.runners.ddp import ports
+
+    return ports.wait(key, 30.0, lambda: False)
+
+
+def _arrived(key: str) -> bool:
+    from clusterkit.runners.ddp import ports
+
+    return key in ports._arrived
+
+
+def _exchange(client, key: str) -> int:
+    """Rank 0's worker publishes a port, a rank on the other worker waits for it."""
+    first, second = sorted(client.scheduler_info()["workers"])
+    waiting = client.submit(_wait_port, key, workers=[second], pure=False)
+    time.sleep(0.2)  # the rank waits before the port comes, as it does in a group
+    client.submit(_publish, key, 4242, [first, second], workers=[first], pure=False).result(30)
+    return waiting.result(30)
+
+
+def test_rank_zeros_worker_sends_its_port_straight_to_the_other_ranks_workers(client) -> None:
+    assert all(client.run(_has_port_handler).values())  # the spares' plugin installs it
+    port = _exchange(client, "direct-a0")
+    second = sorted(client.scheduler_info()["workers"])[1]
+    assert port == 4242
+    assert client.run(_arrived, "direct-a0", workers=[second])[second]
+
+
+def test_a_worker_without_the_port_handler_gets_the_port_from_the_scheduler(client) -> None:
+    second = sorted(client.scheduler_info()["workers"])[1]
+    client.run(_drop_port_handler, workers=[second])
+    try:
+        port = _exchange(client, "fallback-a0")
+        assert port == 4242
+        assert not client.run(_arrived, "fallback-a0", workers=[second])[second]
+        # and a whole group still meets there
+        assert [r["sum"] for r in ddp.run(all_reduce_fn, 1.0, client=client, timeout=120)] == [
+            3.0,
+            3.0,
+        ]
+    finally:
+        client.run(_reinstall_port_handler, workers=[second])
+
+
+def _reinstall_port_handler(dask_worker) -> None:
+    from clusterkit.runners.ddp import ports
+
+    ports.install(dask_worker)
+
+
+class _GraphsSeen:
+    """Scheduler plugin: per graph the client sent, each rank task's restrictions."""
+
+    name = "test-rank-graphs"
+
+    def __init__(self) -> None:
+        self.graphs: list[dict] = []
+
+    def update_graph(self, scheduler, *, keys, tasks, **kwargs) -> None:
+        ranks = {k: scheduler.tasks[k] for k in tasks if "-rank" in str(k)}
+        if ranks:
+            self.graphs.append(
+                {
+                    k: (
+                        sorted(ts.worker_restrictions or ()),
+                        ts.loose_restrictions,
+                        ts.resource_restrictions or {},
+                    )
+                    for k, ts in ranks.items()
+                }
+            )
+
+
+def _graphs_seen(dask_scheduler) -> list[dict]:
+    return dask_scheduler.plugins[_GraphsSeen.name].graphs
+
+
+def test_a_groups_ranks_go_in_one_graph_each_pinned_to_its_slot(client) -> None:
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from clusterkit.runners.ddp.group import submit_ranks
+    from clusterkit.runners.ddp.placement import Slot
+
+    class Seen(_GraphsSeen, SchedulerPlugin):
+        pass
+
+    client.register_plugin(Seen())
+    try:
+        ranks = ddp.run(all_reduce_fn, 1.0, client=client, world_size=2, timeout=120)
+        first, second = sorted(client.scheduler_info()["workers"])
+        (graph,) = client.run_on_scheduler(_graphs_seen)  # one message for the whole group
+        assert sorted(graph.values()) == [([first], False, {}), ([second], False, {})]
+        assert [r["sum"] for r in ranks] == [3.0, 3.0]
+        # GPU slots ask for a GPU each (no worker here has one: they wait, and are cancelled)
+        gpu = [Slot(w, "127.0.0.1", 0, True, 1) for w in (first, second)]
+        specs = [{"key": "gpu-restrictions-a0", "rank": r} for r in (0, 1)]
+        futures = submit_ranks(client, specs, gpu, {})
+        deadline = time.monotonic() + 30
+        while len(client.run_on_scheduler(_graphs_seen)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the graph is on its way to the scheduler
+        client.cancel(futures, force=True)
+        _, graph = client.run_on_scheduler(_graphs_seen)
+        assert sorted(graph.values()) == [([w], False, {"GPU": 1}) for w in (first, second)]
+    finally:
+        client.unregister_scheduler_plugin(_GraphsSeen.name)
+
+
 # ---------------------------------------------------------------- CLI
 
 

@@ -148,6 +148,7 @@ def rank_specs(
                 "local_world_size": len(local),
                 "slot": slot.slot,
                 "worker": slot.worker,
+                "workers": [s.worker for s in slots],  # rank 0's worker sends them its port
                 "threads": slot.threads,
                 "backend": backend,
                 "env": env,

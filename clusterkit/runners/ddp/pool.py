@@ -13,6 +13,7 @@ the search releases its warm processes, or a rank process is not kept.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -22,6 +23,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
+
+logger = logging.getLogger(__name__)
 
 SPARE_ENV = "CLUSTERKIT_DDP_SPARES"  # "0" disables spare rank processes
 REUSE_ENV = "CLUSTERKIT_DDP_REUSE"  # "0": every trial's ranks in fresh processes
@@ -228,11 +231,25 @@ class SparePlugin(WorkerPlugin):
         self.imports = imports
 
     def setup(self, worker: Any) -> None:
+        from clusterkit.runners.ddp import ports
+
+        ports.install(worker)  # before the first group: a rank 0 elsewhere may send it a port
         preload(list(self.imports))
         ensure_spare(worker)
+        threading.Thread(target=connect_client, args=(worker,), daemon=True).start()
 
     def teardown(self, worker: Any) -> None:
         end_all()
+
+
+def connect_client(worker: Any) -> None:
+    """Open the worker's own client to the scheduler now: a gang's rank 0 publishes its
+    rendezvous port through it and the other ranks wait through it, and its first connection
+    (with TLS, 70-200 ms on 2 cores) would otherwise delay the first gang on each worker."""
+    try:
+        worker._get_client()  # what distributed.get_client() returns in a task, made now
+    except Exception as error:  # a closing worker; the first rank makes it then
+        logger.debug("no early client on %s: %s", worker.address, error)
 
 
 def end_all() -> int:

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from clusterkit.runners.ddp import output, pool
+from clusterkit.runners.ddp import output, pool, ports
 from clusterkit.runners.ddp.pool import RankProcess
 
 ABORTED = "stopped because another rank failed"
@@ -94,29 +94,6 @@ def _set_profiler(worker: Any, pause: bool) -> None:
     for callback in filter(None, callbacks):
         action = callback.stop if active else callback.start
         worker.loop.add_callback(action)
-
-
-def _publish_port(key: str, port: int | None, timeout: float) -> int:
-    """Rank 0 publishes its store's port; the other ranks wait for it (bounded).
-
-    An Event signals it (waiting on an Event times out quietly; a Variable.get that times
-    out is logged as an error by the scheduler), the Variable carries it.
-    """
-    from distributed import Event, Variable, get_client
-
-    client = get_client()
-    variable, ready = Variable(f"{key}-port", client=client), Event(f"{key}-port", client)
-    if port is not None:
-        variable.set(port)
-        ready.set()
-        return port
-    deadline = time.monotonic() + timeout
-    while not ready.wait(timeout=1.0):
-        if key in _aborted:
-            raise RuntimeError("aborted before rendezvous")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 did not publish its port within {timeout:.0f}s")
-    return int(variable.get())
 
 
 def _store_checkpoint(run_id: str, data: bytes) -> None:
@@ -208,7 +185,7 @@ def _serve_rank(
             raise RankError(rank, "Aborted", ABORTED, "", time.time())
         if not sent and (ready or rank == 0):
             if rank != 0:
-                port = _publish_port(key, None, spec["rendezvous_timeout"])
+                port = ports.wait(key, spec["rendezvous_timeout"], lambda: key in _aborted)
                 spec["env"]["MASTER_PORT"] = str(port)
             conn.send(spec)
             if lines is not None:
@@ -228,7 +205,7 @@ def _serve_rank(
         if kind == "ready":
             ready = True
         elif kind == "port":
-            _publish_port(key, rest[0], 0)
+            ports.publish(key, rest[0], spec["workers"])
         elif kind == "checkpoint":
             _store_checkpoint(spec["run_id"], rest[0])
             conn.send(("ack",))
