@@ -145,6 +145,31 @@ def test_two_gangs_of_two_run_side_by_side_with_the_same_params(client: object) 
     assert rows == {f"#{t.number} (k=2)": set(t.user_attrs[ATTR_GANG]) for t in trials}
 
 
+def test_an_enqueued_trials_fixed_params_are_taken_on_every_rank_without_asking(
+    client: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clusterkit.runners.hpo.gang_loop import GangLoop
+
+    asked: list[str] = []
+    suggest = GangLoop._suggest
+
+    def counted(self: GangLoop, attempt: object, msg: dict) -> dict:
+        asked.append(msg["name"])
+        return suggest(self, attempt, msg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GangLoop, "_suggest", counted)
+    enqueue = [{"x": 0.25}, {"x": 0.75}]
+    study = _search(client, same_params_objective, 2, ranks_per_trial=2, enqueue=enqueue)
+    trials = study.get_trials()
+    assert [t.params["x"] for t in trials] == [0.25, 0.75]  # reported by rank 0
+    for trial in trials:
+        assert trial.distributions["x"] == optuna.distributions.FloatDistribution(0.0, 1.0)
+        x, n = trial.params["x"], trial.params["n"]
+        assert [seen[:2] for seen in trial.user_attrs["seen"]] == [[x, n]] * 2
+    assert "x" not in asked  # Optuna's fixed parameter, on each rank
+    assert "n" in asked  # the driver samples the others, the same for every rank
+
+
 def sized_objective(trial: optuna.Trial) -> float:
     import torch.distributed as dist
 

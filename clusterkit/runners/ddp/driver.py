@@ -32,7 +32,7 @@ from clusterkit.runners.ddp.placement import (
 )
 
 if TYPE_CHECKING:
-    from distributed import Client
+    from distributed import Client, Future
 
     from clusterkit.runners.ddp.output import Printer
     from clusterkit.runners.ddp.progress import Progress
@@ -108,6 +108,37 @@ async def _clear_events(client: Client, names: list[str]) -> None:
     """``Event(name).clear()`` for every name at once: events no one waits on are deleted."""
     scheduler: Any = client.scheduler
     await asyncio.gather(*(scheduler.event_clear(name=name) for name in names))
+
+
+class Leftovers:
+    """What ended groups leave behind, let go after the next launch (:meth:`let_go`): their
+    futures, whose release message sent first would hold the next launch's graph for the
+    client's batching interval (10 ms), and their scheduler state (:func:`cleanup`, on a thread
+    of its own)."""
+
+    def __init__(self, client: Client) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.client = client
+        self.futures: list[Future] = []
+        self.runs: list[tuple[str, int]] = []
+        self.janitor = ThreadPoolExecutor(1, thread_name_prefix="clusterkit-gang-cleanup")
+
+    def keep(self, futures: list[Future], run_id: str | None, attempts: int) -> None:
+        """Hold ``futures``, and ``run_id``'s state of ``attempts`` attempts (None: none)."""
+        self.futures.extend(futures)
+        if run_id is not None:
+            self.runs.append((run_id, attempts))
+
+    def let_go(self) -> None:
+        self.futures.clear()
+        for run_id, attempts in self.runs:
+            self.janitor.submit(cleanup, self.client, run_id, attempts)
+        self.runs.clear()
+
+    def close(self) -> None:
+        self.let_go()
+        self.janitor.shutdown(wait=True)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import functools
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -67,7 +66,7 @@ class GangLoop(SearchLoop):
 
     def __init__(self, *args: Any, gang: GangOptions, trial_walltime: float | None = None) -> None:
         super().__init__(*args, trial_walltime=trial_walltime)  # type: ignore[misc]
-        from clusterkit.runners.ddp.driver import prepare
+        from clusterkit.runners.ddp.driver import Leftovers, prepare
         from clusterkit.runners.hpo.gang_rank import run_rank
         from clusterkit.runners.workdir.once import Collector
 
@@ -83,7 +82,7 @@ class GangLoop(SearchLoop):
         self.watch = GangWatch(self.client, self.walltime)  # gangs whose workers are ending
         self.ledger: GangLedger = GangLedger(self.resources)  # each gang holds its k slots
         prepare(self.client, (run_rank.__module__,))  # spares (ours imported): launches in ms
-        self.janitor = ThreadPoolExecutor(1, thread_name_prefix="clusterkit-gang-cleanup")
+        self.leftovers = Leftovers(self.client)  # of ended gangs, let go after each launch
         self.warnings = Collector(self.client, f"{self.topic}-warnings")
         self._set_layout(ddp_placement.live_workers(self.client))
 
@@ -91,7 +90,7 @@ class GangLoop(SearchLoop):
         try:
             super().loop()
         finally:
-            self.janitor.shutdown(wait=True)
+            self.leftovers.close()
             self.warnings.summary("ranks")
 
     def release(self) -> None:
@@ -145,6 +144,7 @@ class GangLoop(SearchLoop):
             waiting = len(self.line)
             self._start_ready()
         self._refresh_slots()
+        self.leftovers.let_go()
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -219,6 +219,7 @@ class GangLoop(SearchLoop):
             "study_name": self.study.study_name,
             "directions": self.directions,
             "params": dict(frozen.params),
+            "fixed_params": frozen.system_attrs.get("fixed_params", {}),  # an enqueued trial's
             "checkpoint_dir": self.options.checkpoint_dir,  # hpo.checkpoint_dir(trial)
             "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
         }
@@ -296,9 +297,8 @@ class GangLoop(SearchLoop):
         run_id = f"{self.topic}-t{attempt.number}"
         finished = all(f.status == "finished" for f in futures)
         record = cloudpickle.loads(futures[0].result()) if finished else None  # None: exited
-        if record is not None:  # its scheduler state goes off the loop's thread: slots free now
-            self.janitor.submit(cleanup, self.client, run_id, attempt.starts + 1)
-        else:  # before a retry saves again under the same names
+        self.leftovers.keep(futures, run_id if record is not None else None, attempt.starts + 1)
+        if record is None:  # before a retry saves again under the same names
             if self.options.checkpoint_dir is None:  # held by the scheduler: kept for a retry
                 attempt.checkpoint = last_checkpoint(self.client, run_id) or attempt.checkpoint
             cleanup(self.client, run_id, attempt.starts + 1)

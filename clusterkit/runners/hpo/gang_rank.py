@@ -44,6 +44,7 @@ class DriverLink:
         self.topic: str = info["topic"]
         self.head = {"number": info["number"], "attempt": info["attempt"], "rank": self.rank}
         self.reply = f"{self.topic}-g{info['number']}-{info['attempt']}-r{self.rank}"
+        self.fixed = set(info.get("fixed_params", {}))
 
     def send(self, kind: str, **fields: Any) -> None:
         self.ctx.relay(self.topic, {"kind": kind, **self.head, **fields})
@@ -53,9 +54,15 @@ class DriverLink:
         return self.ctx.relay(self.topic, event, reply=self.reply)
 
     def write(self, kind: str, **fields: Any) -> None:
-        """A write to the trial: rank 0's values and attributes; parameters are the driver's."""
-        if self.rank == 0 and kind != "param":
+        """A write to the trial: rank 0's values and attributes; parameters are the driver's,
+        but for an enqueued trial's fixed ones: every rank takes those itself, as Optuna does,
+        and rank 0 reports them."""
+        if self.rank != 0:
+            return
+        if kind != "param":
             self.send(kind, **fields)
+        elif fields["name"] in self.fixed:
+            self.send(kind, **{**fields, "dist": distribution_to_json(fields["dist"])})
 
 
 class DriverSampler(BaseSampler):
@@ -110,7 +117,7 @@ def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
         params=dict(info["params"]),
         distributions=distributions,
         user_attrs={} if info["series"] == info["number"] else {ATTR_RETRY_OF: info["series"]},
-        system_attrs={},
+        system_attrs={"fixed_params": info.get("fixed_params", {})},  # Optuna takes them
         intermediate_values={},
         trial_id=info["trial_id"],
     )
