@@ -300,11 +300,16 @@ def start(n_workers: int) -> tuple[Any, Any]:
 
 
 def warm(client: Any, gangs: bool) -> None:
-    """Imports on the workers and, for gang searches, the spare rank processes (torch)."""
-    from clusterkit.runners.ddp.driver import wait_ready
+    """Imports on the workers and, for gang searches, the spare rank processes, with what a
+    gang search's ranks import (torch, and the gang runner's rank code with Optuna), as a search
+    leaves them for the next. Without the latter every rank of the first wave imports Optuna at
+    once (about 0.5 s of both cores here), a once-per-worker cost outside the launch path."""
+    from clusterkit.runners.ddp.driver import prepare, wait_ready
+    from clusterkit.runners.hpo import gang_rank
 
     client.run(__import__, "clusterkit.runners.hpo.worker")
     if gangs:
+        prepare(client, (gang_rank.__name__,))  # the spares' plugin: imports as a search's
         wait_ready(client, timeout=180)
 
 
