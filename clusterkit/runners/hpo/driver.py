@@ -234,12 +234,14 @@ def drive(
         display.ledger = search.ledger
     search.order = InOrder(study, callbacks)
     inputs.say_if_done(study, search.done, n_trials)
+    setattr(study, "stop", search.stop)  # noqa: B010  Optuna's study.stop(), as in optimize
     try:
         # SIGTERM from a batch system to a worker: its trials save, then it retires (.graceful)
         with graceful.registered(client):
             search.loop()
         LAST_RUN_STATS.update(overhead_s=search.overhead, trials=search.done)
     finally:
+        vars(study).pop("stop", None)
         search.release()  # after the plugin is off: what it starts on the workers takes CPU
         warmup.stop(warm)
         if display is not None:

@@ -132,11 +132,13 @@ class GangLoop(SearchLoop):
 
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
+        self._refresh_facts()
         lookahead = 1 if isinstance(self.options.ranks, int) else max(1, len(self.layout))
         waiting = len(self.line) + 1
         while len(self.line) < waiting:  # till none starts: each start makes room in line
             while (
-                len(self.line) < lookahead
+                not self.stopping
+                and len(self.line) < lookahead
                 and self.done + len(self.inflight) < self.n_trials
                 and not self._past_deadline()
             ):
@@ -216,10 +218,10 @@ class GangLoop(SearchLoop):
             "trial_id": attempt.trial_id,
             "attempt": attempt.starts,
             "series": series,
-            "study_name": self.study.study_name,
-            "directions": self.directions,
+            "study": self.facts,  # pickled StudyFacts: name, directions, attributes
             "params": dict(frozen.params),
             "fixed_params": frozen.system_attrs.get("fixed_params", {}),  # an enqueued trial's
+            "system_attrs": dict(frozen.system_attrs),
             "checkpoint_dir": self.options.checkpoint_dir,  # hpo.checkpoint_dir(trial)
             "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
         }
@@ -370,6 +372,10 @@ class GangLoop(SearchLoop):
                 agree(gang.decisions, gang.asking, msg, decide, self._answer)
             elif kind == "checkpoint":  # hpo.should_checkpoint(): the same on every rank
                 self.watch.answer(gang.number, msg, self._answer, [s.worker for s in gang.slots])
+            elif kind == "call":
+                self._answer(msg["reply"], self._storage_call(msg["request"]))
+            elif kind == "stop":
+                self.stop()
             else:
                 records.apply_write(self.storage, gang.trial_id, msg)
         except Exception as error:  # a message racing the trial's end must not stop the search

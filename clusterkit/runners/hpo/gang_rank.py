@@ -28,8 +28,9 @@ from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from clusterkit.runners.hpo import remote
 from clusterkit.runners.hpo.inputs import ATTR_RETRY_OF
-from clusterkit.runners.hpo.mirror import StudyMirror, TrialView
+from clusterkit.runners.hpo.mirror import TrialView
 from clusterkit.runners.hpo.retried import RetryAwareTrial
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,10 @@ class DriverLink:
     def ask(self, kind: str, **fields: Any) -> Any:
         event = {"kind": kind, **self.head, "reply": self.reply, **fields}
         return self.ctx.relay(self.topic, event, reply=self.reply)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """A storage call on the driver's storage (:mod:`.remote`): its value, or its error."""
+        return remote.result(self.ask("call", request=remote.request(method, args)))
 
     def write(self, kind: str, **fields: Any) -> None:
         """A write to the trial: rank 0's values and attributes; parameters are the driver's,
@@ -104,8 +109,10 @@ class RankPruner(BasePruner):
 
 
 def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
-    """A trial with the parameters the driver sampled before launch, the rest asked for."""
+    """A trial with the parameters the driver sampled before launch, the rest asked for; the
+    study's other trials are read from the driver (a rank keeps no mirror)."""
     import datetime
+    import pickle
 
     distributions = {k: json_to_distribution(v) for k, v in info["distributions"].items()}
     own = FrozenTrial(
@@ -117,17 +124,14 @@ def _trial(info: dict[str, Any], link: DriverLink) -> optuna.Trial:
         params=dict(info["params"]),
         distributions=distributions,
         user_attrs={} if info["series"] == info["number"] else {ATTR_RETRY_OF: info["series"]},
-        system_attrs={"fixed_params": info.get("fixed_params", {})},  # Optuna takes them
+        system_attrs=dict(info["system_attrs"]),  # an enqueued trial's fixed_params: taken
         intermediate_values={},
         trial_id=info["trial_id"],
     )
-    mirror = StudyMirror()
-    mirror.trials[own.number] = own
-    mirror.by_id[own._trial_id] = own
-    view = TrialView(mirror, own, info["study_name"], info["directions"], link.write)
-    study = optuna.Study(
-        info["study_name"], view, sampler=DriverSampler(link), pruner=RankPruner(link)
-    )
+    facts = pickle.loads(info["study"])
+    view = TrialView(None, own, facts, link.write, link.call)
+    study = optuna.Study(facts.name, view, sampler=DriverSampler(link), pruner=RankPruner(link))
+    setattr(study, "stop", functools.partial(link.send, "stop"))  # noqa: B010  the search's
     return RetryAwareTrial(study, own._trial_id, lambda: info["attempt"] > 1)
 
 
@@ -267,6 +271,7 @@ def run_rank(ctx: Any, objective_blob: bytes, info: dict[str, Any]) -> dict[str,
         distributions={},
         intermediate={int(k): float(v) for k, v in frozen.intermediate_values.items()},
         user_attrs=dict(frozen.user_attrs) if ctx.rank == 0 else {},
+        system_attrs=dict(frozen.system_attrs) if ctx.rank == 0 else {},
         start=start,
         end=time.time(),
     )

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from clusterkit.errors import fit
-from clusterkit.runners.hpo import account, dispatch, inputs, records
+from clusterkit.runners.hpo import account, dispatch, inputs, records, remote
 from clusterkit.runners.hpo.callbacks import InOrder
 from clusterkit.runners.hpo.changelog import ChangeLog
 from clusterkit.runners.hpo.dispatch import Attempt, Retries, WalltimeGuard, count_slots, log_stall
@@ -85,6 +85,18 @@ class SearchLoop:
 
         self._waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         self._dirty = False  # writes not yet flushed (see _report)
+        self.facts = b""  # the study as tasks carry it (:meth:`_refresh_facts`)
+        #: The sampler's state went out with a trial and has not come back: the next trial's
+        #: copy is reseeded. The trial sent alone (``_carried``: its number and key) brings
+        #: its copy back, and the study goes on from it, as ``study.optimize`` would.
+        self._sampler_out = False
+        self._carried: tuple[int, int] | None = None
+        self.stopping = False  # study.stop(): no trial starts any more (:meth:`stop`)
+
+    def stop(self) -> None:
+        """Optuna's ``study.stop()``, called by a callback, the sampler (a grid run through) or a
+        trial on its worker: the trials in flight finish, no other starts."""
+        self.stopping = True
 
     def release(self) -> None:
         """What the search kept on the workers goes, once it returns (:class:`.GangLoop`'s)."""
@@ -100,7 +112,11 @@ class SearchLoop:
 
         dispatch.check_cluster(self.client, self.done, self.n_trials)  # not on a closed client
         sampler = self.presample.sampler_for(trial_id)
-        sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
+        if self._sampler_out:  # its state went with a trial still out: this one draws afresh
+            sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
+        self._sampler_out = True
+        carry = not any(n != attempt_number for n in self.inflight)  # alone: it comes back
+        self._carried = (attempt_number, self._keys + 1) if carry else None
         self._keys += 1
         key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}-{self._keys}"
         delta, base = self.log.delta(with_base)  # pickled now, on this thread
@@ -110,11 +126,11 @@ class SearchLoop:
             pickle.dumps(sampler),
             delta,
             base,
-            self.study.study_name,
-            self.directions,
+            self.facts,
             attempt_number,
             self.topic,
             submits,
+            carry,
             key=key,
             pure=False,
             resources=self.resources,
@@ -149,10 +165,32 @@ class SearchLoop:
         self.log.resize(self._slots_value)
         self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})
 
+    def _refresh_facts(self) -> None:
+        """The study's name, directions and attributes as they are now, pickled once for the
+        tasks sent next (its attributes change on the driver: callbacks, a trial's calls)."""
+        import pickle
+
+        from optuna.pruners import HyperbandPruner
+
+        from clusterkit.runners.hpo.mirror import StudyFacts
+
+        storage, study_id = self.storage, self.study_id
+        facts = StudyFacts(
+            study_id,
+            self.study.study_name,
+            self.directions,
+            storage.get_study_user_attrs(study_id),
+            storage.get_study_system_attrs(study_id),
+            self.study.pruner if isinstance(self.study.pruner, HyperbandPruner) else None,
+        )
+        self.facts = pickle.dumps(facts)
+
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
+        self._refresh_facts()
         while (
-            len(self.inflight) < self._capacity()
+            not self.stopping
+            and len(self.inflight) < self._capacity()
             and self.done + len(self.inflight) < self.n_trials
             and (self.deadline is None or time.monotonic() < self.deadline)
         ):
@@ -267,11 +305,16 @@ class SearchLoop:
                 record = json.loads(msg["record"])
                 record["intermediate"] = {int(k): v for k, v in record["intermediate"].items()}
                 record["exception"] = msg.get("exception")
+                record["sampler"] = msg.get("sampler")
                 self._complete(attempt, record)
             return
         try:
             if kind == "prune":
                 self._answer(msg["reply"], self._decide_prune(attempt, msg["intermediate"]))
+            elif kind == "call":
+                self._answer(msg["reply"], self._storage_call(msg["request"]))
+            elif kind == "stop":
+                self.stop()
             else:
                 records.apply_write(self.storage, attempt.trial_id, msg)
         except Exception as error:  # a write racing the trial's end must not stop the search
@@ -284,6 +327,21 @@ class SearchLoop:
         decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
         flush_storage(storage)  # an answer is a report: what it was decided on is durable first
         return decision
+
+    def _storage_call(self, request: bytes) -> bytes:
+        """Answer a trial's storage call (:mod:`.remote`); a trial of the study it changed is
+        logged for the mirrors, an enqueued one counted for the loop to ask."""
+        from optuna.trial import TrialState
+
+        method, args, value, reply = remote.answer(self.storage, request)
+        changed = remote.changed_trial(self.storage, self.study_id, method, args, value)
+        if changed is not None:
+            self.log.add(changed)
+            if method == "create_new_trial" and changed.state == TrialState.WAITING:
+                self._waiting += 1
+        if method in remote.STUDY_WRITES:
+            self._refresh_facts()
+        return reply
 
     def _answer(self, reply: str, value: Any) -> None:
         """Put ``value`` on the scheduler queue a worker waits on for its answer."""
@@ -354,6 +412,7 @@ class SearchLoop:
         import cloudpickle
 
         records.apply_record(self.storage, attempt.trial_id, record)
+        self._adopt_sampler(attempt, record.get("sampler"))
         before = self.ledger.ended(attempt.number, record)  # its checkpointed attempts' run
         if "start" in record and "end" in record:
             self._longest = max(self._longest, record["end"] - record["start"])
@@ -366,6 +425,23 @@ class SearchLoop:
             if not isinstance(error, self.catch):
                 raise error
 
+    def _adopt_sampler(self, attempt: Attempt, blob: bytes | None) -> None:
+        """The sampler as the trial sent alone left it: the study samples on from there (its
+        random state, what it learnt), so one slot without lookahead draws the trials
+        ``study.optimize`` draws."""
+        import pickle
+
+        carried, self._carried = self._carried, None
+        key = str(attempt.future.key)
+        if blob is None or carried is None or carried[0] != attempt.number:
+            return
+        if not key.endswith(f"-{carried[1]}"):
+            return  # another attempt's
+        sampler = pickle.loads(blob)
+        if type(sampler) is type(self.study.sampler):
+            self.study.sampler = sampler
+            self._sampler_out = False
+
     def _tell(self, attempt: Attempt, state: str, values: Any = None, error: str | None = None):
         from optuna.trial import TrialState
 
@@ -376,6 +452,10 @@ class SearchLoop:
             storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, error)
             logger.warning("trial %s failed: %s", attempt.number, fit(error))
         if state == "COMPLETE":
+            refused = records.refusal(values, len(self.directions))
+            if refused:  # Optuna fails the trial, saying why in a log line only
+                storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, refused)
+                logger.warning("trial %s failed: %s", attempt.number, fit(refused))
             self.study.tell(attempt.number, values)
         else:
             self.study.tell(attempt.number, state=TrialState[state])

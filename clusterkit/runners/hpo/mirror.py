@@ -16,13 +16,13 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
-from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
 _MIRRORS: dict[str, StudyMirror] = {}
@@ -80,69 +80,128 @@ def drop_mirror(topic: str) -> None:
         _MIRRORS.pop(topic, None)
 
 
-class TrialView(BaseStorage):
-    """A one-study storage: the mirror for every trial but one, the running trial kept here.
+@dataclass
+class StudyFacts:
+    """The study a search runs, as its tasks carry it: id, name, directions and attributes."""
 
-    Reads of other trials cost nothing to set up (no copy of the study per trial); writes go to
-    the running trial only and are forwarded to ``on_write(kind, **fields)``.
+    study_id: int
+    name: str
+    directions: list[int]
+    user_attrs: dict[str, Any] = field(default_factory=dict)
+    system_attrs: dict[str, Any] = field(default_factory=dict)
+    #: The study's pruner where what a sampler sees depends on it (Hyperband's brackets).
+    bracket_pruner: Any = None
+
+
+#: ``call(method, *args)``: the driver's storage answers (:mod:`.remote`), or raises.
+DriverCall = Callable[..., Any]
+
+
+class TrialView(BaseStorage):
+    """The storage a trial sees on a worker: all of Optuna's storage, served here where it can.
+
+    Served here, with no round trip: the running trial (``own``; its writes are kept and sent
+    on with ``on_write(kind, **fields)``, fire and forget, in order), the study's other trials
+    (the worker's mirror) and the study itself (``study``, as the task carried it, and what this
+    trial set on it). Everything else is a call to the driver's storage (``call``): the study's
+    attributes set from the trial (also kept here), other studies, trials the objective asked,
+    enqueued or changed itself (after such a write the study's trials are read from the driver,
+    current), with the exceptions Optuna's storage raises. The running trial's end is the
+    driver's: it tells the study what the objective returned.
     """
 
-    STUDY_ID = 0
-
     def __init__(
-        self, mirror: StudyMirror, own: FrozenTrial, name: str, directions: Sequence[int], on_write
+        self,
+        mirror: StudyMirror | None,
+        own: FrozenTrial | None,
+        study: StudyFacts | None,
+        on_write: Callable[..., None] | None,
+        call: DriverCall,
     ) -> None:
         self.mirror = mirror
-        self.own = copy.deepcopy(own)
-        self.own.state = TrialState.RUNNING
-        self.name = name
-        self.directions = [StudyDirection(d) for d in directions]
+        self.own = None if own is None else copy.deepcopy(own)
+        if self.own is not None:
+            self.own.state = TrialState.RUNNING
+        self.study = study
         self.on_write = on_write
+        self.call = call
+        self._asked_driver = False  # the objective changed trials through the driver
 
-    # -- the study: one, read-only
-    def create_new_study(self, directions: Sequence[StudyDirection], study_name=None) -> int:
-        raise NotImplementedError("a trial's view holds one study")
+    def _is_own_study(self, study_id: int) -> bool:
+        return self.study is not None and study_id == self.study.study_id
+
+    def _is_own(self, trial_id: int) -> bool:
+        return self.own is not None and trial_id == self.own._trial_id
+
+    # -- studies
+    def create_new_study(
+        self, directions: Sequence[StudyDirection], study_name: str | None = None
+    ) -> int:
+        return self.call("create_new_study", list(directions), study_name)
 
     def delete_study(self, study_id: int) -> None:
-        raise NotImplementedError("a trial's view holds one study")
+        self.call("delete_study", study_id)
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
-        raise NotImplementedError("study attributes are set on the driver")
+        self.call("set_study_user_attr", study_id, key, value)
+        if self.study is not None and self._is_own_study(study_id):
+            self.study.user_attrs = {**self.study.user_attrs, key: value}
 
     def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
-        raise NotImplementedError("study attributes are set on the driver")
+        self.call("set_study_system_attr", study_id, key, value)
+        if self.study is not None and self._is_own_study(study_id):
+            self.study.system_attrs = {**self.study.system_attrs, key: value}
 
     def get_study_id_from_name(self, study_name: str) -> int:
-        return self.STUDY_ID
+        if self.study is not None and study_name == self.study.name:
+            return self.study.study_id
+        return self.call("get_study_id_from_name", study_name)
 
     def get_study_name_from_id(self, study_id: int) -> str:
-        return self.name
+        if self.study is not None and self._is_own_study(study_id):
+            return self.study.name
+        return self.call("get_study_name_from_id", study_id)
 
     def get_study_directions(self, study_id: int) -> list[StudyDirection]:
-        return list(self.directions)
+        if self.study is not None and self._is_own_study(study_id):
+            return [StudyDirection(d) for d in self.study.directions]
+        return self.call("get_study_directions", study_id)
 
     def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
-        return {}
+        if self.study is not None and self._is_own_study(study_id):
+            return dict(self.study.user_attrs)
+        return self.call("get_study_user_attrs", study_id)
 
     def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
-        return {}
+        if self.study is not None and self._is_own_study(study_id):
+            return dict(self.study.system_attrs)
+        return self.call("get_study_system_attrs", study_id)
 
-    def get_all_studies(self) -> list[FrozenStudy]:
-        return []
+    def get_all_studies(self) -> list[Any]:
+        return self.call("get_all_studies")
 
     # -- trials
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        raise NotImplementedError("trials are asked on the driver")
+        self._asked_driver = True
+        return self.call("create_new_trial", study_id, template_trial)
 
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
-        if trial_number == self.own.number:
-            return self.own._trial_id
-        return self.mirror.trials[trial_number]._trial_id
+        if self._is_own_study(study_id):
+            if self.own is not None and trial_number == self.own.number:
+                return self.own._trial_id
+            known = None if self.mirror is None else self.mirror.trials.get(trial_number)
+            if known is not None:
+                return known._trial_id
+        return self.call("get_trial_id_from_study_id_trial_number", study_id, trial_number)
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
-        if trial_id == self.own._trial_id:
+        if self.own is not None and trial_id == self.own._trial_id:
             return self.own
-        return self.mirror.by_id[trial_id]
+        if not self._asked_driver and self.mirror is not None:
+            known = self.mirror.by_id.get(trial_id)
+            if known is not None:
+                return known
+        return self.call("get_trial", trial_id)
 
     def get_all_trials(
         self,
@@ -150,14 +209,21 @@ class TrialView(BaseStorage):
         deepcopy: bool = True,
         states: Container[TrialState] | None = None,
     ) -> list[FrozenTrial]:
-        trials = [self.own if t.number == self.own.number else t for t in self.mirror.listing()]
+        if not self._is_own_study(study_id):
+            return self.call("get_all_trials", study_id, deepcopy, states)
+        own = self.own
+        if self._asked_driver or self.mirror is None:
+            listed = self.call("get_all_trials", study_id, False, None)
+        else:
+            listed = self.mirror.listing()
+        trials = [own if own is not None and t.number == own.number else t for t in listed]
         if states is not None:
             trials = [t for t in trials if t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials
 
-    def _check_own(self, trial_id: int) -> None:
-        if trial_id != self.own._trial_id:
-            raise RuntimeError(f"trial id {trial_id} is not the trial running here")
+    def _write_own(self, kind: str, **fields: Any) -> None:
+        if self.on_write is not None:
+            self.on_write(kind, **fields)
 
     def set_trial_param(
         self,
@@ -166,29 +232,53 @@ class TrialView(BaseStorage):
         param_value_internal: float,
         distribution: BaseDistribution,
     ) -> None:
-        self._check_own(trial_id)
-        self.own.distributions = {**self.own.distributions, param_name: distribution}
-        self.own.params = {
-            **self.own.params,
-            param_name: distribution.to_external_repr(param_value_internal),
-        }
-        self.on_write("param", name=param_name, value=param_value_internal, dist=distribution)
+        own = self.own
+        if own is None or trial_id != own._trial_id:
+            self._asked_driver = True
+            return self.call(
+                "set_trial_param", trial_id, param_name, param_value_internal, distribution
+            )
+        if param_name in own.distributions:  # Optuna's storages refuse a different one
+            from optuna.distributions import check_distribution_compatibility
+
+            check_distribution_compatibility(own.distributions[param_name], distribution)
+        own.distributions = {**own.distributions, param_name: distribution}
+        own.params = {**own.params, param_name: distribution.to_external_repr(param_value_internal)}
+        self._write_own("param", name=param_name, value=param_value_internal, dist=distribution)
 
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
     ) -> bool:
-        raise NotImplementedError("the driver tells the study a trial's end")
+        if self._is_own(trial_id):
+            raise RuntimeError(
+                f"trial {self.own.number} is running here: the search tells the study its end "  # type: ignore[union-attr]
+                "from what the objective returns (or raises)"
+            )
+        self._asked_driver = True
+        return self.call("set_trial_state_values", trial_id, state, values)
 
-    def set_trial_intermediate_value(self, trial_id: int, step: int, value: float) -> None:
-        self._check_own(trial_id)
-        self.own.intermediate_values = {**self.own.intermediate_values, step: value}
-        self.on_write("value", step=int(step), value=float(value))
+    def set_trial_intermediate_value(
+        self, trial_id: int, step: int, intermediate_value: float
+    ) -> None:
+        own = self.own
+        if own is None or trial_id != own._trial_id:
+            self._asked_driver = True
+            return self.call("set_trial_intermediate_value", trial_id, step, intermediate_value)
+        own.intermediate_values = {**own.intermediate_values, step: intermediate_value}
+        self._write_own("value", step=int(step), value=float(intermediate_value))
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._check_own(trial_id)
-        self.own.user_attrs = {**self.own.user_attrs, key: value}
-        self.on_write("user_attr", key=key, value=value)
+        own = self.own
+        if own is None or trial_id != own._trial_id:
+            self._asked_driver = True
+            return self.call("set_trial_user_attr", trial_id, key, value)
+        own.user_attrs = {**own.user_attrs, key: value}
+        self._write_own("user_attr", key=key, value=value)
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._check_own(trial_id)
-        self.own.system_attrs = {**self.own.system_attrs, key: value}
+        own = self.own
+        if own is None or trial_id != own._trial_id:
+            self._asked_driver = True
+            return self.call("set_trial_system_attr", trial_id, key, value)
+        own.system_attrs = {**own.system_attrs, key: value}
+        self._write_own("system_attr", key=key, value=value)

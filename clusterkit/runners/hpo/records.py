@@ -44,7 +44,8 @@ def check_completed(study: Any) -> None:
 
 
 def apply_write(storage: Any, trial_id: int, msg: dict[str, Any]) -> None:
-    """A running trial's parameter, intermediate value or user attribute, as the worker set it."""
+    """A running trial's parameter, intermediate value, user or system attribute, as the worker
+    set it."""
     kind = msg["kind"]
     if kind == "param":
         from optuna.distributions import json_to_distribution
@@ -55,6 +56,32 @@ def apply_write(storage: Any, trial_id: int, msg: dict[str, Any]) -> None:
         storage.set_trial_intermediate_value(trial_id, msg["step"], msg["value"])
     elif kind == "user_attr":
         storage.set_trial_user_attr(trial_id, msg["key"], msg["value"])
+    elif kind == "system_attr":
+        storage.set_trial_system_attr(trial_id, msg["key"], msg["value"])
+
+
+def refusal(values: Any, objectives: int) -> str | None:
+    """Why Optuna will fail a trial whose objective returned ``values`` (it logs why, and
+    records it nowhere): the count of values against the study's objectives, or a value that is
+    no number or is NaN; None when it takes them."""
+    from collections.abc import Sequence
+
+    many = isinstance(values, Sequence) and not isinstance(values, str)
+    given = list(values) if many else [values]
+    if len(given) != objectives:
+        return (
+            f"the objective returned {len(given)} value{'s' * (len(given) != 1)} for a study of "
+            f"{objectives} objective{'s' * (objectives != 1)} (set its directions: "
+            "--directions minimize maximize, or hpo.run(directions=...))"
+        )
+    for value in given:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return f"the objective returned {value!r}, which is not a number"
+        if math.isnan(number):
+            return "the objective returned NaN"
+    return None
 
 
 def add_intermediate(storage: Any, trial_id: int, values: Any) -> None:
@@ -78,6 +105,9 @@ def apply_record(storage: Any, trial_id: int, record: dict[str, Any]) -> None:
     for key, value in record["user_attrs"].items():
         if frozen.user_attrs.get(key) != value:
             storage.set_trial_user_attr(trial_id, key, value)
+    for key, value in record.get("system_attrs", {}).items():
+        if frozen.system_attrs.get(key) != value:
+            storage.set_trial_system_attr(trial_id, key, value)
     storage.set_trial_user_attr(trial_id, inputs.ATTR_WORKER, record["worker"])
     storage.set_trial_user_attr(trial_id, inputs.ATTR_TIME, [record["start"], record["end"]])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import pickle
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -13,11 +14,11 @@ from typing import Any
 import cloudpickle
 import optuna
 from optuna.distributions import distribution_to_json
-from optuna.pruners import BasePruner
+from optuna.pruners import BasePruner, HyperbandPruner
 from optuna.trial import FrozenTrial, TrialState
 
-from clusterkit.runners.hpo import cores, preemption, warmup
-from clusterkit.runners.hpo.mirror import TrialView, mirror_for
+from clusterkit.runners.hpo import cores, preemption, remote, warmup
+from clusterkit.runners.hpo.mirror import StudyFacts, TrialView, mirror_for
 from clusterkit.runners.hpo.preemption import TrialInterrupted
 from clusterkit.runners.hpo.retried import RetryAwareTrial, rerun_by_dask
 
@@ -29,8 +30,8 @@ class Channel:
     """Messages from one trial on a worker to the driver, over the scheduler connection.
 
     Writes are fire-and-forget ``log_event`` messages on the worker's batched stream (they keep
-    their order); the one synchronous question, ``should_prune``, waits on a scheduler Queue
-    that the driver answers.
+    their order); questions (``should_prune``, a storage call the worker cannot serve) wait, one
+    at a time, on a scheduler Queue that the driver answers.
     """
 
     def __init__(self, topic: str, number: int, attempt: int) -> None:
@@ -42,6 +43,10 @@ class Channel:
         self.attempt = attempt  # the driver's submission count, to drop superseded messages
         self.reply_name = f"{topic}-reply-{number}-{attempt}"
         self._queue: Any = None
+        self._asking = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a pickled trial's storage, in the same worker
+        return (Channel, (self.topic, self.number, self.attempt))
 
     def send(self, kind: str, **fields: Any) -> None:
         message = {"kind": kind, "number": self.number, "attempt": self.attempt, **fields}
@@ -53,14 +58,23 @@ class Channel:
             fields["dist"] = distribution_to_json(fields["dist"])
         self.send(kind, **fields)
 
-    def ask_prune(self, intermediate: dict[int, float]) -> bool:
+    def ask(self, kind: str, **fields: Any) -> Any:
+        """The driver's answer to a question (one at a time per trial)."""
         from distributed import Queue
 
-        if self._queue is None:  # created before the request so the answer cannot be lost
-            self._queue = Queue(self.reply_name)
+        with self._asking:
+            if self._queue is None:  # created before the request so the answer cannot be lost
+                self._queue = Queue(self.reply_name)
+            self.send(kind, reply=self.reply_name, **fields)
+            return self._queue.get(timeout=PRUNE_REPLY_TIMEOUT)
+
+    def ask_prune(self, intermediate: dict[int, float]) -> bool:
         values = [[int(k), float(v)] for k, v in intermediate.items()]
-        self.send("prune", reply=self.reply_name, intermediate=values)
-        return bool(self._queue.get(timeout=PRUNE_REPLY_TIMEOUT))
+        return bool(self.ask("prune", intermediate=values))
+
+    def call(self, method: str, *args: Any) -> Any:
+        """A storage call on the driver's storage (:mod:`.remote`): its value, or its error."""
+        return remote.result(self.ask("call", request=remote.request(method, args)))
 
     def close(self) -> None:
         if self._queue is not None:
@@ -75,6 +89,24 @@ class DriverPruner(BasePruner):
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         return self.channel.ask_prune(dict(trial.intermediate_values))
+
+
+class DriverHyperband(HyperbandPruner):
+    """The study's Hyperband pruner, as a trial's sampler sees it (the trials of its bracket
+    only, as under ``study.optimize``); its decisions are the driver's."""
+
+    def __init__(self, base: HyperbandPruner, channel: Channel) -> None:
+        vars(self).update(vars(base))
+        self.channel = channel
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return self.channel.ask_prune(dict(trial.intermediate_values))
+
+
+def _pruner(facts: StudyFacts, channel: Channel) -> BasePruner:
+    if facts.bracket_pruner is not None:
+        return DriverHyperband(facts.bracket_pruner, channel)
+    return DriverPruner(channel)
 
 
 def _is_retry(attempt: int) -> bool:
@@ -94,16 +126,18 @@ def run_trial(
     sampler_blob: bytes,
     delta_blob: bytes,
     base: Any,
-    study_name: str,
-    directions: Sequence[int],
+    study_blob: bytes,
     number: int,
     topic: str,
     attempt: int,
+    carry: bool = False,
 ) -> dict[str, Any]:
     """Run trial ``number`` of the study on this worker and return its full record.
 
     ``delta_blob``, ``base``: the study's changes for the mirror (:mod:`.mirror`); a mirror
-    too old for them returns ``{"stale": True}``. The sampler's random state is fixed by the
+    too old for them returns ``{"stale": True}``. ``study_blob``: the pickled
+    :class:`~.mirror.StudyFacts`; ``carry``: the record brings the sampler back, as the
+    trial left it (the driver samples on from it). The sampler's random state is fixed by the
     driver, so a re-run of this task (its worker died) proposes the same parameters.
     """
     channel = Channel(topic, number, attempt)
@@ -116,15 +150,16 @@ def run_trial(
     start = time.time()
     channel.send("start", worker=channel.worker.address, time=start, version=mirror.version)
     sampler = pickle.loads(sampler_blob)
-    storage = TrialView(
-        mirror, mirror.trials[number], study_name, directions, channel.forward_write
-    )
-    study = optuna.Study(study_name, storage, sampler=sampler, pruner=DriverPruner(channel))
-    local_id = storage.own._trial_id
+    facts: StudyFacts = pickle.loads(study_blob)
+    storage = TrialView(mirror, mirror.trials[number], facts, channel.forward_write, channel.call)
+    study = optuna.Study(facts.name, storage, sampler=sampler, pruner=_pruner(facts, channel))
+    setattr(study, "stop", functools.partial(channel.send, "stop"))  # noqa: B010  the search's
+    own = storage.own
+    assert own is not None
     record: dict[str, Any] = {"number": number, "error": None, "exception": None, "values": None}
     try:
         is_retry = functools.partial(_is_retry, attempt)
-        result = cores.call(objective, RetryAwareTrial(study, local_id, is_retry))
+        result = cores.call(objective, RetryAwareTrial(study, own._trial_id, is_retry))
         record["state"] = TrialState.COMPLETE.name
         record["values"] = result
     except optuna.TrialPruned:
@@ -141,21 +176,23 @@ def run_trial(
             record["exception"] = None
     finally:
         channel.close()
-    record.update(_written(storage.own), worker=channel.worker.address, start=start)
+    record.update(_written(own), worker=channel.worker.address, start=start)
     record["end"] = time.time()
+    record["sampler"] = pickle.dumps(sampler) if carry else None
     _send_result(channel, record)
     return record
 
 
 def _written(frozen: FrozenTrial) -> dict[str, Any]:
-    """What the trial wrote: its parameters, their distributions, intermediate values and
-    user attributes, as the driver's record of it carries them."""
+    """What the trial wrote: its parameters, their distributions, intermediate values, user
+    and system attributes, as the driver's record of it carries them."""
     internal = {k: frozen.distributions[k].to_internal_repr(v) for k, v in frozen.params.items()}
     return {
         "params": internal,
         "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
         "intermediate": {int(k): float(v) for k, v in frozen.intermediate_values.items()},
         "user_attrs": dict(frozen.user_attrs),
+        "system_attrs": dict(frozen.system_attrs),
     }
 
 
@@ -168,7 +205,7 @@ def _plain(values: Any) -> float | list[float]:
 def _send_result(channel: Channel, record: dict[str, Any]) -> None:
     """Send the record on the event stream, which reaches the driver before the task's own
     completion and saves it a gather round trip; what JSON cannot carry goes by the result."""
-    message = {k: v for k, v in record.items() if k != "exception"}
+    message = {k: v for k, v in record.items() if k not in ("exception", "sampler")}
     try:
         if record["values"] is not None:
             message["values"] = _plain(record["values"])
@@ -176,4 +213,4 @@ def _send_result(channel: Channel, record: dict[str, Any]) -> None:
     except (TypeError, ValueError):
         channel.send("result", via_future=True)
         return
-    channel.send("result", record=text, exception=record["exception"])
+    channel.send("result", record=text, exception=record["exception"], sampler=record["sampler"])
