@@ -101,7 +101,8 @@ class TrialView(BaseStorage):
     """The storage a trial sees on a worker: all of Optuna's storage, served here where it can.
 
     Served here, with no round trip: the running trial (``own``; its writes are kept and sent
-    on with ``on_write(kind, **fields)``, fire and forget, in order), the study's other trials
+    on with ``on_write(kind, **fields)``, fire and forget, in order; an attribute's value
+    pickled, as numpy's scalars are no message), the study's other trials
     (the worker's mirror) and the study itself (``study``, as the task carried it, and what this
     trial set on it). Everything else is a call to the driver's storage (``call``): the study's
     attributes set from the trial (also kept here), other studies, trials the objective asked,
@@ -273,7 +274,7 @@ class TrialView(BaseStorage):
             self._asked_driver = True
             return self.call("set_trial_user_attr", trial_id, key, value)
         own.user_attrs = {**own.user_attrs, key: value}
-        self._write_own("user_attr", key=key, value=value)
+        self._write_own("user_attr", key=key, value=pickle.dumps(value), pickled=True)
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
         own = self.own
@@ -281,4 +282,4 @@ class TrialView(BaseStorage):
             self._asked_driver = True
             return self.call("set_trial_system_attr", trial_id, key, value)
         own.system_attrs = {**own.system_attrs, key: value}
-        self._write_own("system_attr", key=key, value=value)
+        self._write_own("system_attr", key=key, value=pickle.dumps(value), pickled=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 from clusterkit.errors import ClusterkitError, fit
@@ -54,10 +55,10 @@ def apply_write(storage: Any, trial_id: int, msg: dict[str, Any]) -> None:
         storage.set_trial_param(trial_id, msg["name"], msg["value"], dist)
     elif kind == "value":
         storage.set_trial_intermediate_value(trial_id, msg["step"], msg["value"])
-    elif kind == "user_attr":
-        storage.set_trial_user_attr(trial_id, msg["key"], msg["value"])
-    elif kind == "system_attr":
-        storage.set_trial_system_attr(trial_id, msg["key"], msg["value"])
+    elif kind in ("user_attr", "system_attr"):
+        value = pickle.loads(msg["value"]) if msg.get("pickled") else msg["value"]
+        setter = getattr(storage, f"set_trial_{kind}")
+        setter(trial_id, msg["key"], value)
 
 
 def refusal(values: Any, objectives: int) -> str | None:

@@ -136,9 +136,10 @@ def run_trial(
 
     ``delta_blob``, ``base``: the study's changes for the mirror (:mod:`.mirror`); a mirror
     too old for them returns ``{"stale": True}``. ``study_blob``: the pickled
-    :class:`~.mirror.StudyFacts`; ``carry``: the record brings the sampler back, as the
-    trial left it (the driver samples on from it). The sampler's random state is fixed by the
-    driver, so a re-run of this task (its worker died) proposes the same parameters.
+    :class:`~.mirror.StudyFacts`. The sampler's random state is fixed by the driver, so a
+    re-run of this task (its worker died) proposes the same parameters; ``carry``: the record
+    brings the sampler back, as the trial left it (the driver samples on from it); the copy
+    here is then the driver's own, maybe unseeded, so a re-run takes what its first run drew.
     """
     channel = Channel(topic, number, attempt)
     mirror = mirror_for(topic)
@@ -151,7 +152,10 @@ def run_trial(
     channel.send("start", worker=channel.worker.address, time=start, version=mirror.version)
     sampler = pickle.loads(sampler_blob)
     facts: StudyFacts = pickle.loads(study_blob)
-    storage = TrialView(mirror, mirror.trials[number], facts, channel.forward_write, channel.call)
+    drawn = mirror.trials[number]
+    if carry and rerun_by_dask():  # its sampler's state may be unseeded: take the first run's
+        drawn = channel.call("get_trial", drawn._trial_id)
+    storage = TrialView(mirror, drawn, facts, channel.forward_write, channel.call)
     study = optuna.Study(facts.name, storage, sampler=sampler, pruner=_pruner(facts, channel))
     setattr(study, "stop", functools.partial(channel.send, "stop"))  # noqa: B010  the search's
     own = storage.own
