@@ -245,6 +245,47 @@ def test_runs_dashboard_serves_a_run_s_study_and_refuses_every_write(tmp_path: P
     assert _snapshot(path) == before
 
 
+def test_runs_dashboard_serves_the_artifacts_trials_uploaded(tmp_path: Path) -> None:
+    """``--artifacts DIR``: each trial's page lists what it uploaded, and the file comes back."""
+    from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+
+    store_dir = tmp_path / "artifacts"
+    store_dir.mkdir()
+    store = FileSystemArtifactStore(str(store_dir))
+    ids = {}
+
+    def uploading(trial: optuna.Trial) -> float:
+        note = tmp_path / f"note-{trial.number}.txt"
+        note.write_text(f"trial {trial.number}")
+        ids[trial._trial_id] = upload_artifact(
+            study_or_trial=trial, file_path=str(note), artifact_store=store
+        )
+        return trial.suggest_float("x", -1.0, 1.0) ** 2
+
+    path = str(tmp_path / "done.optuna.log")
+    storage = open_journal(path)
+    study = optuna.create_study(study_name="done", storage=storage)
+    study.optimize(uploading, n_trials=3)
+    flush(storage)
+    argv = ["search.py:objective", "--trials", "3", "--study-name", "done", "--storage", path]
+    RunRecord("hpo-1126-a27f0c", "hpo", argv, str(tmp_path), "local", None, None).save()
+    command = ["runs", "dashboard", "hpo-1126-a27f0c", "--artifacts", str(store_dir)]
+    with _cli(command, tmp_path) as view:
+        lines = _lines_until(view, r"^dask dashboard: ", timeout=60)
+        page = _url_in(lines, "study dashboard")
+        base = "http://127.0.0.1:" + page.split(":")[2].split("/")[0]
+        with urllib.request.urlopen(f"{base}/api/studies/0", timeout=10) as answer:
+            detail = json.loads(answer.read())
+        listed = {
+            t["trial_id"]: [a["artifact_id"] for a in t["artifacts"]] for t in detail["trials"]
+        }
+        assert listed == {trial_id: [artifact] for trial_id, artifact in ids.items()}
+        for trial in study.trials:
+            url = f"{base}/artifacts/0/{trial._trial_id}/{ids[trial._trial_id]}"
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                assert answer.read().decode() == f"trial {trial.number}"
+
+
 def test_runs_dashboard_of_a_training_is_one_line_exit_2(tmp_path: Path) -> None:
     RunRecord("train-1126-aaaaaa", "train", ["t.py"], str(tmp_path), "local", None, None).save()
     done = subprocess.run(

@@ -150,10 +150,14 @@ def _results(info: dict[str, object]) -> str | None:
 def dashboard(
     run_id: str = typer.Argument(..., metavar="ID"),
     port: int = typer.Option(0, "--port", help="Port on 127.0.0.1; 0: a free one."),
+    artifacts: str = typer.Option(
+        None, "--artifacts", help="The trials' artifact store: a folder or s3://BUCKET."
+    ),
 ) -> None:
     """Serve the search's study in optuna-dashboard, read-only, on 127.0.0.1 until Ctrl-C.
 
-    The cluster's Dask dashboard is linked beside it."""
+    The cluster's Dask dashboard is linked beside it; with --artifacts, each trial's page
+    shows what it uploaded (optuna.artifacts.upload_artifact)."""
     from clusterkit.errors import BadInput
     from clusterkit.runners.hpo import dashboard as study_dashboard
     from clusterkit.runs.dashboard import study_of
@@ -161,7 +165,8 @@ def dashboard(
     if not 0 <= port <= 65535:
         raise BadInput(f"--port must be 0..65535, got {port}")
     study = study_of(run_id)
-    with study_dashboard.serve(study.storage, study.study_name, port=port) as view:
+    serving = study_dashboard.serve(study.storage, study.study_name, port=port, artifacts=artifacts)
+    with serving as view:
         for line in study_dashboard.links(view, cluster=study.cluster):
             typer.echo(line)
         typer.echo("serving until Ctrl-C", err=True)

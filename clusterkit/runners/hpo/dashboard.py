@@ -144,17 +144,45 @@ class StudyDashboard:
         self.close()
 
 
-def serve(storage: Any, study_name: str | None = None, *, port: int = 0) -> StudyDashboard:
+def artifact_store(where: str | None) -> Any:
+    """The artifact store trials uploaded to (``optuna.artifacts.upload_artifact``): a folder
+    (``FileSystemArtifactStore``) or ``s3://BUCKET`` (``Boto3ArtifactStore``); None: none."""
+    if where is None:
+        return None
+    if where.startswith("s3://"):
+        bucket = where[len("s3://") :].strip("/")
+        if not bucket or "/" in bucket:
+            raise BadInput(f"artifacts {where!r}: give s3://BUCKET (a bucket, no prefix)")
+        try:
+            from optuna.artifacts import Boto3ArtifactStore
+
+            return Boto3ArtifactStore(bucket)
+        except ImportError as error:
+            raise BadInput(f"artifacts {where!r} need boto3", hint="pip install boto3") from error
+    if "://" in where:
+        raise BadInput(f"artifacts {where!r}: give a folder or s3://BUCKET")
+    if not Path(where).is_dir():
+        raise BadInput(f"artifacts {where!r}: no such folder")
+    from optuna.artifacts import FileSystemArtifactStore
+
+    return FileSystemArtifactStore(where)
+
+
+def serve(
+    storage: Any, study_name: str | None = None, *, port: int = 0, artifacts: str | None = None
+) -> StudyDashboard:
     """Serve optuna-dashboard for ``storage`` on 127.0.0.1 (``port`` 0: a free one),
-    read-only, until :meth:`StudyDashboard.close`."""
+    read-only, until :meth:`StudyDashboard.close`; ``artifacts``: the store the trials'
+    artifacts are in (:func:`artifact_store`), shown on their trials' pages."""
     try:
         import optuna_dashboard
     except ImportError as error:
         raise BadInput(
             "the study dashboard needs optuna-dashboard", hint="pip install 'clusterkit[hpo]'"
         ) from error
+    store = artifact_store(artifacts)
     viewer = viewer_storage(storage)
-    app = read_only(by_name(optuna_dashboard.wsgi(viewer), viewer))
+    app = read_only(by_name(optuna_dashboard.wsgi(viewer, artifact_store=store), viewer))
     server = make_server(LOOPBACK, port, app, server_class=_Server, handler_class=_QuietHandler)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
