@@ -432,10 +432,9 @@ class SearchLoop:
         import pickle
 
         carried, self._carried = self._carried, None
-        key = str(attempt.future.key)
         if blob is None or carried is None or carried[0] != attempt.number:
             return
-        if not key.endswith(f"-{carried[1]}"):
+        if not str(attempt.future.key).endswith(f"-{carried[1]}"):
             return  # another attempt's
         sampler = pickle.loads(blob)
         if type(sampler) is type(self.study.sampler):
