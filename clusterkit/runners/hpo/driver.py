@@ -59,7 +59,8 @@ def run(
     study: optuna.Study | None = None,
     storage: Any = None,
     study_name: str | None = None,
-    direction: str = "minimize",
+    direction: str | None = None,
+    directions: Sequence[str] | None = None,
     sampler: optuna.samplers.BaseSampler | None = None,
     pruner: optuna.pruners.BasePruner | None = None,
     resources: Mapping[str, float] | None = None,
@@ -84,8 +85,10 @@ def run(
     objective, n_trials, client
         A plain Optuna objective ``f(trial) -> float``, run on the workers; the finished trials
         (complete, pruned or failed, earlier runs too) the study must hold; a Dask client.
-    study, storage, study_name, direction, sampler, pruner
-        A study, or what to make it from; storage: Optuna's, a database URL or a journal file
+    study, storage, study_name, direction, directions, sampler, pruner
+        A study, or what to make it from, as ``optuna.create_study`` takes it (``direction`` or
+        ``directions``, not both; neither: minimize, or a resumed study's own; a study resumed
+        must have the directions given); storage: Optuna's, a database URL or a journal file
         (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
     resources, max_retries, max_resumes, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); the bounds of
@@ -102,7 +105,9 @@ def run(
         fsspec URL or path for trials' checkpoints, a folder per trial (:mod:`.preemption`).
     """
     inputs.check_counts(n_trials, max_retries, lookahead, max_resumes)  # client: get_client()
-    study = study or inputs.open_study(objective, storage, study_name, direction, sampler, pruner)
+    study = study or inputs.open_study(
+        objective, storage, study_name, direction, sampler, pruner, directions=directions
+    )
     client = client or _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of, checkpoint_dir)

@@ -6,7 +6,7 @@ import importlib.util
 import logging
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,17 +172,47 @@ def check_counts(n_trials: int, max_retries: int, lookahead: int = 0, max_resume
 
 
 def open_study(
-    objective: Any, storage: Any, study_name: str | None, direction: str, sampler: Any, pruner: Any
+    objective: Any,
+    storage: Any,
+    study_name: str | None,
+    direction: str | None,
+    sampler: Any,
+    pruner: Any,
+    directions: Sequence[str] | None = None,
 ) -> Any:
-    """Create the study, or load it to resume when the storage holds one of that name."""
+    """Create the study, or load it to resume when the storage holds one of that name: the
+    one ``direction`` or the ``directions`` given (not both; neither: minimize, or as the
+    study to resume has them) must be the resumed study's (BadInput otherwise)."""
     import optuna
 
+    from clusterkit.runners.hpo.knobs import study_directions
+
+    wanted = study_directions(direction, directions)
     name = study_name or default_study_name(objective)
+    opened = resolve_storage(storage, name)
+    if wanted is not None:
+        check_study_directions(opened, name, wanted)
     return optuna.create_study(
-        storage=resolve_storage(storage, name),
+        storage=opened,
         study_name=name,
-        direction=direction,  # type: ignore[arg-type]  # optuna validates the string
+        directions=wanted,  # type: ignore[arg-type]  # names, checked
         sampler=sampler,
         pruner=pruner,
         load_if_exists=True,
     )
+
+
+def check_study_directions(storage: Any, study_name: str, directions: Sequence[str]) -> None:
+    """A study of that name that the storage holds already (one to resume) has ``directions``
+    (BadInput otherwise: Optuna would resume it as it is, whatever was asked)."""
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:  # a new study
+        return
+    held = [d.name.lower() for d in storage.get_study_directions(study_id)]
+    if held != list(directions):
+        raise BadInput(
+            f"study {study_name!r} exists with directions {' '.join(held)}, not "
+            f"{' '.join(directions)} as given: a resumed study keeps its directions",
+            hint="give its own, or name another study",
+        )
