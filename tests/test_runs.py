@@ -538,6 +538,8 @@ def test_the_commands_and_the_spec_take_the_same_flags() -> None:
     for kind, model in (("hpo", run_spec.HpoOptions), ("train", run_spec.TrainOptions)):
         restarts = run_spec.DETACH_FLAGS[kind].removeprefix("--").replace("-", "_")
         beside = {"target", "profile", "detach", "batch", restarts}
+        if kind == "hpo":  # --direction: one objective's spelling of the field --directions
+            beside.add("direction")
         flags = {
             param.name: (*param.opts, *param.secondary_opts)
             for param in commands[kind].params

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperCommand
 
 WORKDIR = typer.Option(
     None, "--workdir", help="Project directory trials run in (default: the file's)."
@@ -17,6 +20,24 @@ TRIAL_WALLTIME = typer.Option(
     "workers with that much walltime left; those with less retire.",
 )
 
+DIRECTIONS = typer.Option(
+    None,
+    "--directions",
+    metavar="DIRECTION...",
+    help="Several objectives, one per value returned: --directions minimize maximize.",
+)
+SAMPLER = typer.Option(
+    None,
+    "--sampler",
+    metavar="NAME",
+    help="An optuna.samplers class, e.g. TPESampler, NSGAIISampler, GPSampler, GridSampler.",
+)
+PRUNER = typer.Option(
+    None,
+    "--pruner",
+    metavar="NAME",
+    help="An optuna.pruners class, e.g. MedianPruner, HyperbandPruner, PatientPruner.",
+)
 MAX_RETRIES = typer.Option(
     2, "--max-retries", help="Re-runs of a trial whose worker was lost with nothing saved."
 )
@@ -34,7 +55,24 @@ def hpo(
         None, "--storage", help="Database URL or journal file; default ./STUDY.optuna.log."
     ),
     study_name: str = typer.Option(None, "--study-name", help="Default: FILE-FUNC."),
-    direction: str = typer.Option("minimize", "--direction", help="minimize or maximize."),
+    direction: list[str] = typer.Option(
+        None,
+        "--direction",
+        metavar="DIRECTION",
+        help="minimize (the default) or maximize; several objectives: --directions.",
+    ),
+    directions: list[str] = DIRECTIONS,
+    sampler: str = SAMPLER,
+    sampler_kwargs: str = typer.Option(
+        None, "--sampler-kwargs", metavar="JSON", help="""Its arguments, e.g. '{"seed": 1}'."""
+    ),
+    pruner: str = PRUNER,
+    pruner_kwargs: str = typer.Option(
+        None,
+        "--pruner-kwargs",
+        metavar="JSON",
+        help="""Its arguments, e.g. '{"n_warmup_steps": 5}'.""",
+    ),
     gpus_per_trial: float = typer.Option(0, "--gpus-per-trial", help="GPU units per trial."),
     ranks_per_trial: int = typer.Option(
         1, "--ranks-per-trial", help="DDP ranks per trial (torchrun env), slots reserved together."
@@ -69,10 +107,15 @@ def hpo(
 
     With --detach the search runs in the background (`clusterkit runs` lists it).
     With --batch, scheduler, driver and workers run in one job of the profile's batch system."""
+    from clusterkit.runners.hpo.knobs import check_directions
     from clusterkit.runs.execution import check_restarts, execute, prepare
     from clusterkit.runs.spec import HpoOptions, RunSpec
 
-    options = {name: context.params[name] for name in HpoOptions.model_fields if name != "kind"}
+    given = check_directions(direction, directions)  # a second --direction is refused
+    names = [name for name in HpoOptions.model_fields if name not in ("kind", "directions")]
+    options = {name: context.params[name] for name in names}
+    if given is not None:
+        options["directions"] = given
     check_restarts("hpo", max_restarts)
     spec = RunSpec.hpo(target, profile=profile, **options)
     prepared = prepare(spec)
@@ -86,5 +129,39 @@ def hpo(
     return None
 
 
+def spread_directions(args: list[str]) -> list[str]:
+    """``--directions minimize maximize`` as click takes a list, ``--directions minimize
+    --directions maximize``: ``--directions`` takes the words up to the next option, ``--`` or
+    FILE.py:FUNC (Optuna's CLI: argparse's ``nargs="+"``)."""
+    spread: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        flag, equals, value = arg.partition("=")
+        if arg == "--" or flag != "--directions" or not (equals or _word(rest)):
+            spread.append(arg)
+            if arg == "--":
+                return spread + rest
+            continue
+        values = [value if equals else rest.pop(0)]
+        while _word(rest) and ":" not in rest[0]:
+            values.append(rest.pop(0))
+        for each in values:
+            spread += ["--directions", each]
+    return spread
+
+
+def _word(args: list[str]) -> bool:
+    """Whether the next argument is a value, not an option."""
+    return bool(args) and not args[0].startswith("-")
+
+
+class _HpoCommand(TyperCommand):
+    """``clusterkit hpo``: ``--directions`` takes several values (:func:`spread_directions`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_directions(args))
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(hpo)
+    app.command(cls=_HpoCommand)(hpo)

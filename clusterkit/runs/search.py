@@ -19,13 +19,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class Search:
-    """What a search spec names, loaded: the objective, the opened storage, the study name
-    and the project trials run in (None: the objective alone)."""
+    """What a search spec names, loaded: the objective, the opened storage, the study name,
+    the project trials run in (None: the objective alone), the sampler and the pruner (None:
+    Optuna's)."""
 
     objective: Any
     storage: Any
     study_name: str
     project: Any
+    sampler: Any = None
+    pruner: Any = None
 
 
 def cluster_is_up(name: str) -> bool:
@@ -66,11 +69,15 @@ def _on_path(directory: str | None) -> Iterator[None]:
 
 
 def prepare(spec: RunSpec) -> Search:
-    """Load what the spec names, in the order a mistake is found: the project, the objective,
-    the profile, the storage (BadInput naming the first that is wrong)."""
+    """Load what the spec names, in the order a mistake is found: the sampler and pruner, the
+    project, the objective, the profile, the storage, the directions of a study to resume
+    (BadInput naming the first that is wrong)."""
     from clusterkit.runners.hpo import inputs as hpo_inputs
+    from clusterkit.runners.hpo import knobs
 
     options: HpoOptions = spec.options  # type: ignore[assignment]
+    sampler = knobs.make_sampler(options.sampler, options.sampler_kwargs)
+    pruner = knobs.make_pruner(options.pruner, options.pruner_kwargs)
     project = None
     if not options.no_workdir:
         project = _project(spec.target, options.workdir, options.workdir_max_size)
@@ -82,7 +89,8 @@ def prepare(spec: RunSpec) -> Search:
         load_profile(spec.profile)
     name = options.study_name or hpo_inputs.default_study_name(objective)
     storage = hpo_inputs.resolve_storage(options.storage, name)
-    return Search(objective, storage, name, project)
+    hpo_inputs.check_study_directions(storage, name, options.directions)
+    return Search(objective, storage, name, project, sampler, pruner)
 
 
 def _absolute(path: str, cwd: str) -> str:
@@ -157,7 +165,9 @@ def _search(spec: RunSpec, search: Search, folder: str, attach_timeout: float) -
             client=client,
             storage=search.storage,
             study_name=search.study_name,
-            direction=options.direction,
+            directions=options.directions,
+            sampler=search.sampler,
+            pruner=search.pruner,
             resources={"GPU": gpus} if gpus else None,
             timeout=options.timeout,
             trial_walltime=options.trial_walltime,

@@ -11,11 +11,20 @@ run's driver alike. ``RunSpec.hpo("search.py:objective", trials=60, profile="gpu
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import typing
 from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from clusterkit.errors import BadInput, shorten
 
@@ -32,7 +41,11 @@ class HpoOptions(_Options):
     kind: Literal["hpo"] = "hpo"
     trials: int
     study_name: str | None = None
-    direction: str = "minimize"
+    directions: tuple[str, ...] = ("minimize",)
+    sampler: str | None = None
+    sampler_kwargs: dict[str, Any] | None = None
+    pruner: str | None = None
+    pruner_kwargs: dict[str, Any] | None = None
     out: str | None = None
     storage: str | None = None
     gpus_per_trial: float = 0
@@ -51,6 +64,32 @@ class HpoOptions(_Options):
     dashboard: bool = False
     as_json: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_direction(cls, data: Any) -> Any:
+        """``direction``, as specs recorded before ``directions`` (and Optuna) spell one."""
+        if isinstance(data, dict) and "direction" in data:
+            data = dict(data)
+            direction = data.pop("direction")
+            if data.get("directions") is not None:
+                raise ValueError("--direction and --directions both given: give --directions")
+            data["directions"] = (direction,)
+        return data
+
+    @field_validator("sampler_kwargs", "pruner_kwargs", mode="before")
+    @classmethod
+    def _json(cls, value: Any, info: ValidationInfo) -> Any:
+        """Keyword arguments as the command line gives them: a JSON object's text."""
+        flag = f"--{str(info.field_name).replace('_', '-')}"
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise ValueError(f"{flag} is not JSON: {error}") from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{flag} must be a JSON object, got {shorten(value)}")
+        return value
+
     @model_validator(mode="after")
     def _numbers(self) -> HpoOptions:
         for option in ("lookahead", "max_retries", "max_resumes"):
@@ -60,8 +99,15 @@ class HpoOptions(_Options):
             raise ValueError(f"--ranks-per-trial must be at least 1, got {self.ranks_per_trial}")
         if self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
-        if self.direction not in ("minimize", "maximize"):
-            raise ValueError(f"--direction must be minimize or maximize, got {self.direction!r}")
+        if not self.directions:
+            raise ValueError("--directions takes one or more of minimize, maximize")
+        flag = "--direction" if len(self.directions) == 1 else "--directions"
+        for direction in self.directions:
+            if direction not in ("minimize", "maximize"):
+                raise ValueError(f"{flag} must be minimize or maximize, got {direction!r}")
+        for knob in ("sampler", "pruner"):
+            if getattr(self, f"{knob}_kwargs") and getattr(self, knob) is None:
+                raise ValueError(f"--{knob}-kwargs needs --{knob} NAME")
         if self.gpus_per_trial < 0:
             raise ValueError(f"--gpus-per-trial must be 0 or more, got {self.gpus_per_trial:g}")
         for option in ("timeout", "trial_walltime"):
@@ -129,6 +175,8 @@ class RunSpec(BaseModel):
     def replaced(self, *, profile: Any = ..., target: str | None = None, **options: Any) -> RunSpec:
         """This spec with some fields changed (checked again)."""
         data = self.model_dump()
+        if "direction" in options:  # as RunSpec.hpo takes it
+            data["options"].pop("directions")
         data["options"].update(options)
         if target is not None:
             data["target"] = target
@@ -172,7 +220,8 @@ FLAGS = {
 #: The order ``clusterkit hpo|train --detach`` recorded their arguments in, kept.
 ORDER = {
     "hpo": [
-        *("trials", "study_name", "direction", "out", "storage", "profile", "gpus_per_trial"),
+        *("trials", "study_name", "directions", "sampler", "sampler_kwargs", "pruner"),
+        *("pruner_kwargs", "out", "storage", "profile", "gpus_per_trial"),
         *("timeout", "trial_walltime", "ranks_per_trial", "lookahead", "mlflow"),
         *("checkpoint_dir", "no_workdir", "workdir", "workdir_max_size"),
         *("progress", "dashboard", "as_json", "max_retries", "max_resumes"),
@@ -183,7 +232,7 @@ ORDER = {
     ],
 }
 #: Options given on the command line even at their default.
-ALWAYS = {"trials", "direction", "max_restarts"}
+ALWAYS = {"trials", "directions", "max_restarts"}
 #: The flag of a detached run's driver restarts (train's ``--max-restarts`` is the ranks').
 DETACH_FLAGS = {"hpo": "--max-restarts", "train": "--driver-restarts"}
 
@@ -205,6 +254,10 @@ def command_line(spec: RunSpec) -> list[str]:
             continue
         if isinstance(value, bool):
             argv.append(_flags(name)[0] if value else f"--no-{name}")
+        elif name == "directions":  # one as it always was, several as Optuna's CLI takes them
+            argv += ["--direction", *value] if len(value) == 1 else ["--directions", *value]
+        elif isinstance(value, dict):
+            argv += [_flags(name)[0], json.dumps(value)]
         else:
             argv += [_flags(name)[0], str(value)]
     if isinstance(options, TrainOptions) and options.script_args:
@@ -226,6 +279,10 @@ def from_command_line(
         raise BadInput(f"clusterkit hpo: unexpected extra argument {shorten(extra[0])}")
     detach = {"max_restarts": parsed.pop("detach_restarts"), "batch": parsed.pop("batch")}
     parsed.pop("detach")
+    if kind == "hpo":
+        from clusterkit.runners.hpo.knobs import check_directions
+
+        parsed["directions"] = check_directions(parsed.pop("direction"), parsed["directions"])
     options = {name: value for name, value in parsed.items() if value is not None}
     target, profile = options.pop("target"), options.pop("profile", None)
     if kind == "train":
@@ -256,6 +313,11 @@ def _parser(kind: str) -> argparse.ArgumentParser:
             parser.add_argument(*_flags(name), dest=name, action=argparse.BooleanOptionalAction)
         elif field.annotation is bool:
             parser.add_argument(*_flags(name), dest=name, action="store_const", const=True)
+        elif name == "directions":  # nargs, as Optuna's CLI; --direction: at most once
+            parser.add_argument("--directions", dest=name, nargs="+", action="extend")
+            parser.add_argument("--direction", dest="direction", action="append")
+        elif name.endswith("_kwargs"):  # JSON text, read by the field
+            parser.add_argument(*_flags(name), dest=name)
         else:
             kinds = typing.get_args(field.annotation) or (field.annotation,)
             scalar: Any = next(t for t in kinds if t is not type(None))
