@@ -35,6 +35,15 @@ def _best_text(study: Any) -> str:
         return "-"
 
 
+def _best_html(study: Any) -> str:
+    """The report's best: ``best 0.125 (#3)``, or the Pareto front's size and trials."""
+    if len(study.directions) == 1:
+        return f"best {_best_text(study)}"
+    front = best_trials(study, None)
+    shown = ", ".join(f"#{t.number}" for t in front[:20]) + (", ..." if len(front) > 20 else "")
+    return f"the Pareto front: {len(front)} trials" + (f" ({shown})" if front else "")
+
+
 class ProgressDisplay:
     """A rich progress bar on stderr: done/total, running, failed, pruned, best, busy, ETA."""
 
@@ -111,12 +120,13 @@ def gang_occupancy(sizes: list[int], slots: int, next_size: int | None) -> tuple
     return f"gangs {len(sizes)} running{ranks}", load
 
 
-def best_trials(study: Any, top: int = 5) -> list[Any]:
-    """The ``top`` best completed trials, best first (the Pareto front's, multi-objective)."""
+def best_trials(study: Any, top: int | None = 5) -> list[Any]:
+    """The ``top`` best completed trials, best first (None: all); multi-objective, the Pareto
+    front's, in trial order."""
     from optuna.trial import TrialState
 
     if len(study.directions) > 1:
-        return list(study.best_trials[:top])
+        return sorted(study.best_trials, key=lambda t: t.number)[:top]
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     reverse = study.direction.name == "MAXIMIZE"
     return sorted(done, key=lambda t: t.value, reverse=reverse)[:top]
@@ -147,7 +157,8 @@ def print_best(study: Any, top: int = 5) -> None:
 
 def summary(study: Any, top: int = 5) -> dict[str, Any]:
     """The search's result as data (``--json``): the study, how its trials ended, the best
-    trial (None when none completed) and the ``top`` best."""
+    trial (None when none completed, or multi-objective) and the ``top`` best (multi-objective:
+    the whole Pareto front, in trial order)."""
 
     def trial(t: Any) -> dict[str, Any]:
         values = {"value": t.value} if len(t.values) == 1 else {"values": list(t.values)}
@@ -156,7 +167,8 @@ def summary(study: Any, top: int = 5) -> dict[str, Any]:
             {"worker": worker} if worker else {}
         )
 
-    best = [trial(t) for t in best_trials(study, top)]
+    several = len(study.directions) > 1
+    best = [trial(t) for t in best_trials(study, None if several else top)]
     counts = {state.lower(): n for state, n in _counts(study).items()}
     directions = [d.name.lower() for d in study.directions]
     return {
@@ -196,6 +208,7 @@ def _short(value: Any) -> str:
 HEADINGS = {
     "optimization_history": "Optimization history",
     "param_importances": "Parameter importances",
+    "pareto_front": "Pareto front",
     "timeline": "Trials per worker",
     "hours": "Where the hours went",
 }
@@ -274,6 +287,9 @@ def _optuna_plots(study: Any) -> dict[str, tuple[Any, Any]]:
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     plots: dict[str, tuple[Any, Any]] = {}
+    if complete and len(study.directions) in (2, 3):  # more: Optuna asks which to draw
+        # the others take a target of one value: no history, no importances
+        plots["pareto_front"] = (vis.plot_pareto_front, quiet(vis_mpl.plot_pareto_front))
     if complete and len(study.directions) == 1:
         plots["optimization_history"] = (
             vis.plot_optimization_history,
@@ -312,7 +328,7 @@ def report_html(study: Any, figures: dict[str, Any], split: Any = None) -> str:
         "<style>body{font-family:sans-serif;margin:1em 2em}h2{margin-top:1.5em}</style></head>",
         f"<body><h1>Study {name}</h1>",
         f"<p>{counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed;"
-        f" best {html.escape(_best_text(study))}."
+        f" {html.escape(_best_html(study))}."
         ' Every trial: <a href="trials.csv">trials.csv</a>.</p>',
     ]
     if split is not None and split.held > 0:
