@@ -145,6 +145,31 @@ def test_two_gangs_of_two_run_side_by_side_with_the_same_params(client: object) 
     assert rows == {f"#{t.number} (k=2)": set(t.user_attrs[ATTR_GANG]) for t in trials}
 
 
+def study_minded_ranks(trial: optuna.Trial) -> float:
+    """Every rank reads its study (from the driver: a rank keeps no mirror); rank 0 writes
+    Optuna's system attributes, as its constraints and artifacts do."""
+    rank = os.environ["RANK"]
+    finished = trial.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    trial.set_user_attr(f"seen-{rank}", [trial.study.user_attrs["tag"], len(finished)])
+    trial.set_constraint("c", -1.0)
+    return trial.suggest_float("x", 0.0, 1.0)
+
+
+def test_a_gang_trial_reads_its_study_and_keeps_its_system_attributes(client: object) -> None:
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    study.set_user_attr("tag", "gang")
+    hpo.run(
+        study_minded_ranks, n_trials=3, client=client, study=study, progress=False,
+        workdir=None, ranks_per_trial=2, lookahead=0,
+    )  # fmt: skip
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    assert all(t.system_attrs["constraints:c"] == -1.0 for t in trials)
+    assert trials[0].user_attrs["seen-0"] == ["gang", 0]  # rank 0's attributes
+    assert {t.user_attrs["seen-0"][0] for t in trials} == {"gang"}
+    assert max(t.user_attrs["seen-0"][1] for t in trials) >= 1  # later ones see earlier ones
+
+
 def test_an_enqueued_trials_fixed_params_are_taken_on_every_rank_without_asking(
     client: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
