@@ -156,8 +156,8 @@ def dashboard(
 ) -> None:
     """Serve the search's study in optuna-dashboard, read-only, on 127.0.0.1 until Ctrl-C.
 
-    The cluster's Dask dashboard is linked beside it; with --artifacts, each trial's page
-    shows what it uploaded (optuna.artifacts.upload_artifact)."""
+    The cluster's Dask dashboard is linked beside it.
+    With --artifacts, each trial's page shows the files it uploaded."""
     from clusterkit.errors import BadInput
     from clusterkit.runners.hpo import dashboard as study_dashboard
     from clusterkit.runs.dashboard import study_of
