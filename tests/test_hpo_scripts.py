@@ -6,7 +6,11 @@ search each keep what Optuna keeps."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,3 +83,74 @@ def test_optuna_search_cv_calls_optimize_itself_and_runs_on_the_cluster(
     assert "workers: 2" in out
     assert float(re.search(r"best score: ([\d.]+)", out).group(1)) > 0.9  # type: ignore[union-attr]
     assert all("mean_test_score" in t.user_attrs for t in study.trials)  # numpy floats, kept
+
+
+# ---------------------------------------------------------------------- clusterkit hpo SCRIPT.py
+
+
+def _clusterkit(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clusterkit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_clusterkit_hpo_runs_a_script_as_python_would(tmp_path: Path) -> None:
+    shutil.copy(SCRIPTS / "quadratic_two_objectives.py", tmp_path)
+    done = _clusterkit(tmp_path, "hpo", "quadratic_two_objectives.py", "--no-progress", "--", "9")
+    assert done.returncode == 0, done.stderr
+    assert "Number of finished trials: 9" in done.stdout  # its argument, its prints
+    assert re.search(r"Pareto trial #\d+", done.stdout)
+    assert (tmp_path / "quadratic_two_objectives-results" / "report.html").is_file()
+
+
+def test_a_script_that_fails_after_its_search_exits_1_with_its_own_traceback(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "fails.py").write_text(
+        "import optuna\n"
+        "def objective(trial):\n"
+        "    return trial.suggest_float('x', 0, 1)\n"
+        "if __name__ == '__main__':\n"
+        "    optuna.create_study().optimize(objective, n_trials=2)\n"
+        "    raise ValueError('after the search')\n"
+    )
+    done = _clusterkit(tmp_path, "hpo", "fails.py", "--no-progress")
+    assert done.returncode == 1
+    trace = done.stderr[done.stderr.index("Traceback") :].splitlines()
+    assert trace[1].strip().startswith('File "fails.py", line 6')  # from the script's frame
+    assert trace[-1] == "ValueError: after the search"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run.py", "--trials", "5"], "--trials is the script's own"),
+        (["run.py", "--directions", "minimize", "maximize"], "--direction(s) is the script's"),
+        (["run.py:objective"], "--trials N is required for FILE.py:FUNC"),
+        (["run.py:objective", "-n", "2", "--", "x"], "arguments after -- are for a script"),
+        (["missing.py"], "script 'missing.py' does not exist"),
+    ],
+)
+def test_a_script_or_an_objective_with_the_others_flags_is_one_line(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    shutil.copy(SCRIPTS / "quadratic_two_objectives.py", tmp_path / "run.py")
+    done = _clusterkit(tmp_path, "hpo", *args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+    assert not (tmp_path / "run-results").exists()  # nothing started
+
+
+def test_a_detached_script_runs_and_its_output_is_in_its_logs(tmp_path: Path) -> None:
+    shutil.copy(SCRIPTS / "quadratic_two_objectives.py", tmp_path)
+    started = _clusterkit(tmp_path, "hpo", "quadratic_two_objectives.py", "-d", "--", "7")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    assert _clusterkit(tmp_path, "runs", "wait", run_id).returncode == 0
+    logs = _clusterkit(tmp_path, "runs", "logs", run_id).stdout
+    assert "Number of finished trials: 7" in logs

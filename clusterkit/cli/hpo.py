@@ -48,9 +48,15 @@ MAX_RESUMES = typer.Option(
 
 def hpo(
     context: typer.Context,
-    target: str = typer.Argument(..., metavar="FILE.py:FUNC", help="The Optuna objective."),
+    target: str = typer.Argument(
+        ...,
+        metavar="FILE.py:FUNC|SCRIPT.py",
+        help="An Optuna objective, or a whole Optuna script run as written (args after --).",
+    ),
     profile: str = typer.Option(None, "--profile", "-p", help="Profile name or path."),
-    trials: int = typer.Option(..., "--trials", "-n", help="Total finished trials to reach."),
+    trials: int = typer.Option(
+        None, "--trials", "-n", help="Total finished trials to reach (FILE.py:FUNC)."
+    ),
     storage: str = typer.Option(
         None, "--storage", help="Database URL or journal file; default ./STUDY.optuna.log."
     ),
@@ -105,6 +111,7 @@ def hpo(
 ) -> str | None:
     """Search hyperparameters: every worker slot busy, resumable with the same storage.
 
+    SCRIPT.py runs as `python SCRIPT.py ARGS` would, each study.optimize on the cluster.
     With --detach the search runs in the background (`clusterkit runs` lists it).
     With --batch, scheduler, driver and workers run in one job of the profile's batch system."""
     from clusterkit.runners.hpo.knobs import check_directions
@@ -112,8 +119,9 @@ def hpo(
     from clusterkit.runs.spec import HpoOptions, RunSpec
 
     given = check_directions(direction, directions)  # a second --direction is refused
-    names = [name for name in HpoOptions.model_fields if name not in ("kind", "directions")]
-    options = {name: context.params[name] for name in names}
+    skip = ("kind", "directions", "script_args")
+    options = {name: context.params[name] for name in HpoOptions.model_fields if name not in skip}
+    options["script_args"] = tuple(context.args)
     if given is not None:
         options["directions"] = given
     check_restarts("hpo", max_restarts)
@@ -125,7 +133,9 @@ def hpo(
         run_id = detach_run(spec, max_restarts=max_restarts, batch=batch, prepared=prepared)
         typer.echo(run_id)
         return run_id
-    execute(spec, prepared)
+    status = execute(spec, prepared)
+    if status:  # a script's own exit status
+        raise typer.Exit(status)
     return None
 
 
@@ -164,4 +174,4 @@ class _HpoCommand(TyperCommand):
 
 
 def register(app: typer.Typer) -> None:
-    app.command(cls=_HpoCommand)(hpo)
+    app.command(cls=_HpoCommand, context_settings={"allow_extra_args": True})(hpo)

@@ -29,9 +29,10 @@ def prepare(spec: RunSpec) -> Any:
     """What the spec names, loaded and checked before anything starts (BadInput): the
     objective and storage of a search, the script and profile of a training, the project."""
     if spec.kind == "hpo":
-        from clusterkit.runs import search
+        from clusterkit.runs import scripted, search
+        from clusterkit.runs.spec import is_script
 
-        return search.prepare(spec)
+        return (scripted if is_script(spec.target) else search).prepare(spec)
     from clusterkit.runs import training
 
     return training.prepare(spec)
@@ -44,8 +45,10 @@ def execute(spec: RunSpec, prepared: Any = None, *, attach_timeout: float = DEFA
     ``attach_timeout``: seconds to wait for the cluster's scheduler."""
     prepared = prepare(spec) if prepared is None else prepared
     if spec.kind == "hpo":
-        from clusterkit.runs import search
+        from clusterkit.runs import scripted, search
 
+        if isinstance(prepared, scripted.Script):
+            return scripted.run(spec, prepared, attach_timeout)
         return search.run(spec, prepared, attach_timeout)
     from clusterkit.runs import training
 

@@ -83,11 +83,13 @@ def _in_directory(path: str) -> Iterator[None]:
 def detach(spec: RunSpec, *, max_restarts: int, batch: bool, prepared: Any = None) -> str:
     """Check ``spec`` against what it names (unless ``prepared`` says it was), record it with
     every path absolute, and start it detached, or with ``batch`` as one batch job; its ID."""
-    from clusterkit.runs import execution, search, training
+    from clusterkit.runs import execution, scripted, search, training
 
     prepared = execution.prepare(spec) if prepared is None else prepared
     run_id = new_id(spec.kind)
-    if spec.kind == "hpo":
+    if isinstance(prepared, scripted.Script):
+        recorded = scripted.detached(spec, prepared)
+    elif spec.kind == "hpo":
         recorded = search.detached(spec, prepared)
     else:
         recorded = training.detached(spec, prepared, state.run_dir(run_id))

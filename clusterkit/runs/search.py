@@ -41,13 +41,22 @@ def cluster_is_up(name: str) -> bool:
     return record is not None and state.is_live(record)
 
 
-def _project(target: str, workdir: str | None, max_size: str | None) -> Any:
-    """The objective's project, scanned now: too big or missing fails before anything starts."""
+def check_profile(profile: str | None) -> None:
+    """A profile that is no cluster from `up` must load (BadInput otherwise)."""
+    if profile is not None and not cluster_is_up(profile):  # unknown: fails here
+        from clusterkit.profiles import load_profile
+
+        load_profile(profile)
+
+
+def scan_project(file: str, workdir: str | None, max_size: str | None) -> Any:
+    """The project of ``file`` (or ``workdir``), scanned now: too big or missing fails before
+    anything starts."""
     from clusterkit.runners.workdir import parse_max_size, scan
 
     limit = parse_max_size("--workdir-max-size", max_size) if max_size else None
     if workdir is None:
-        path = Path(target.rpartition(":")[0])
+        path = Path(file)
         if not path.is_file():
             return None  # load_objective names the missing file
         workdir = str(path.resolve().parent)
@@ -80,20 +89,18 @@ def prepare(spec: RunSpec) -> Search:
     pruner = knobs.make_pruner(options.pruner, options.pruner_kwargs)
     project = None
     if not options.no_workdir:
-        project = _project(spec.target, options.workdir, options.workdir_max_size)
+        file = spec.target.rpartition(":")[0]
+        project = scan_project(file, options.workdir, options.workdir_max_size)
     with _on_path(project.root if project is not None else None):
         objective = hpo_inputs.load_objective(spec.target)
-    if spec.profile is not None and not cluster_is_up(spec.profile):  # unknown: fails here
-        from clusterkit.profiles import load_profile
-
-        load_profile(spec.profile)
+    check_profile(spec.profile)
     name = options.study_name or hpo_inputs.default_study_name(objective)
     storage = hpo_inputs.resolve_storage(options.storage, name)
     hpo_inputs.check_study_directions(storage, name, options.directions)
     return Search(objective, storage, name, project, sampler, pruner)
 
 
-def _absolute(path: str, cwd: str) -> str:
+def absolute(path: str, cwd: str) -> str:
     return str((Path(cwd) / Path(path).expanduser()).resolve())
 
 
@@ -106,16 +113,16 @@ def detached(spec: RunSpec, search: Search) -> RunSpec:
     file, _, function = spec.target.rpartition(":")
     profile, storage = spec.profile, options.storage or f"{name}.optuna.log"
     if profile is not None and profile.endswith((".yaml", ".yml")):
-        profile = _absolute(profile, cwd)
+        profile = absolute(profile, cwd)
     url, workdir = options.checkpoint_dir, options.workdir
     return spec.replaced(
-        target=f"{_absolute(file, cwd)}:{function}",
+        target=f"{absolute(file, cwd)}:{function}",
         profile=profile,
         study_name=name,
-        out=_absolute(options.out or f"{name}-results", cwd),
-        storage=storage if "://" in storage else _absolute(storage, cwd),
-        checkpoint_dir=url if url is None or "://" in url else _absolute(url, cwd),
-        workdir=None if options.no_workdir or workdir is None else _absolute(workdir, cwd),
+        out=absolute(options.out or f"{name}-results", cwd),
+        storage=storage if "://" in storage else absolute(storage, cwd),
+        checkpoint_dir=url if url is None or "://" in url else absolute(url, cwd),
+        workdir=None if options.no_workdir or workdir is None else absolute(workdir, cwd),
         progress=True,
         dashboard=False,
         as_json=False,
@@ -161,7 +168,7 @@ def _search(spec: RunSpec, search: Search, folder: str, attach_timeout: float) -
     try:
         study = run_search(
             search.objective,
-            n_trials=options.trials,
+            n_trials=options.trials or 0,  # the spec requires it for FILE.py:FUNC
             client=client,
             storage=search.storage,
             study_name=search.study_name,

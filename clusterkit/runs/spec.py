@@ -36,10 +36,11 @@ class _Options(BaseModel):
 
 
 class HpoOptions(_Options):
-    """``clusterkit hpo``'s options, by the names of its flags (``--json``: ``as_json``)."""
+    """``clusterkit hpo``'s options, by the names of its flags (``--json``: ``as_json``);
+    ``script_args``: what follows ``--``, for an Optuna script run as written."""
 
     kind: Literal["hpo"] = "hpo"
-    trials: int
+    trials: int | None = None
     study_name: str | None = None
     directions: tuple[str, ...] = ("minimize",)
     sampler: str | None = None
@@ -63,6 +64,7 @@ class HpoOptions(_Options):
     progress: bool = True
     dashboard: bool = False
     as_json: bool = False
+    script_args: tuple[str, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -97,7 +99,7 @@ class HpoOptions(_Options):
                 raise ValueError(f"--{option.replace('_', '-')} must be 0 or more, got {value}")
         if self.ranks_per_trial < 1:
             raise ValueError(f"--ranks-per-trial must be at least 1, got {self.ranks_per_trial}")
-        if self.trials < 1:
+        if self.trials is not None and self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if not self.directions:
             raise ValueError("--directions takes one or more of minimize, maximize")
@@ -142,6 +144,18 @@ class TrainOptions(_Options):
 
 Options = Annotated[HpoOptions | TrainOptions, Field(discriminator="kind")]
 
+#: What an Optuna script decides itself (its ``create_study`` and ``study.optimize``): no flag
+#: of ``clusterkit hpo SCRIPT.py``.
+SCRIPT_OWN = (
+    *("trials", "study_name", "storage", "directions", "sampler", "sampler_kwargs", "pruner"),
+    *("pruner_kwargs", "timeout", "mlflow", "dashboard", "as_json"),
+)
+
+
+def is_script(target: str) -> bool:
+    """A search's target is a whole Optuna script (``SCRIPT.py``), not ``FILE.py:FUNC``."""
+    return ":" not in target
+
 
 class RunSpec(BaseModel):
     """One run: ``target`` (``FILE.py:FUNC`` for a search, ``FILE.py[:FUNC]`` for a training)
@@ -158,6 +172,29 @@ class RunSpec(BaseModel):
     @property
     def kind(self) -> str:
         return self.options.kind
+
+    @model_validator(mode="after")
+    def _target(self) -> RunSpec:
+        """A search's options fit its target: an objective needs ``--trials`` and takes no
+        script arguments; a script decides its study and trials itself."""
+        options = self.options
+        if not isinstance(options, HpoOptions):
+            return self
+        if not is_script(self.target):
+            if options.trials is None:
+                raise ValueError("--trials N is required for FILE.py:FUNC")
+            if options.script_args:
+                raise ValueError("arguments after -- are for a script: SCRIPT.py, no :FUNC")
+            return self
+        fields = HpoOptions.model_fields
+        for name in SCRIPT_OWN:
+            if getattr(options, name) != fields[name].default:
+                flag = "--direction(s)" if name == "directions" else _flags(name)[0]
+                raise ValueError(
+                    f"{flag} is the script's own (its create_study and study.optimize): "
+                    f"not for {self.target}"
+                )
+        return self
 
     @classmethod
     def hpo(cls, target: str, *, profile: str | None = None, **options: Any) -> RunSpec:
@@ -250,7 +287,8 @@ def command_line(spec: RunSpec) -> list[str]:
             value, default = spec.profile, None
         else:
             value, default = getattr(options, name), fields[name].default
-        if value is None or (value == default and name not in ALWAYS):
+        always = name in ALWAYS and not (spec.kind == "hpo" and is_script(spec.target))
+        if value is None or (value == default and not always):
             continue
         if isinstance(value, bool):
             argv.append(_flags(name)[0] if value else f"--no-{name}")
@@ -260,7 +298,7 @@ def command_line(spec: RunSpec) -> list[str]:
             argv += [_flags(name)[0], json.dumps(value)]
         else:
             argv += [_flags(name)[0], str(value)]
-    if isinstance(options, TrainOptions) and options.script_args:
+    if options.script_args:
         argv += ["--", *options.script_args]
     return argv
 
@@ -275,8 +313,6 @@ def from_command_line(
     split = args.index("--") if "--" in args else len(args)
     parsed = vars(_parser(kind).parse_intermixed_args(args[:split]))
     extra = [*parsed.pop("script_args", []), *args[split + 1 :]]
-    if extra and kind == "hpo":
-        raise BadInput(f"clusterkit hpo: unexpected extra argument {shorten(extra[0])}")
     detach = {"max_restarts": parsed.pop("detach_restarts"), "batch": parsed.pop("batch")}
     parsed.pop("detach")
     if kind == "hpo":
@@ -285,8 +321,7 @@ def from_command_line(
         parsed["directions"] = check_directions(parsed.pop("direction"), parsed["directions"])
     options = {name: value for name, value in parsed.items() if value is not None}
     target, profile = options.pop("target"), options.pop("profile", None)
-    if kind == "train":
-        options["script_args"] = tuple(extra)
+    options["script_args"] = tuple(extra)
     options["kind"] = kind
     data = {"target": target, "profile": profile, "options": options, "cwd": cwd or os.getcwd()}
     return load(data), detach
@@ -303,8 +338,7 @@ def _parser(kind: str) -> argparse.ArgumentParser:
     """``clusterkit KIND``'s arguments, from the fields of its options."""
     parser = _ArgumentParser(prog=f"clusterkit {kind}", add_help=False, allow_abbrev=False)
     parser.add_argument("target")
-    if kind == "train":
-        parser.add_argument("script_args", nargs="*")
+    parser.add_argument("script_args", nargs="*")
     model = HpoOptions if kind == "hpo" else TrainOptions
     for name, field in model.model_fields.items():
         if name in ("kind", "script_args"):
