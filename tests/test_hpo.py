@@ -285,7 +285,7 @@ def str_storage(journal: Path) -> optuna.storages.BaseStorage:
     [
         (["missing.py:objective", "--trials", "2"], "does not exist"),
         (["search.py:nothing", "--trials", "2"], "has no function 'nothing'"),
-        (["search.py", "--trials", "2"], "is not FILE.py:FUNC"),
+        (["search.py", "--trials", "2"], "not for search.py (an objective: FILE.py:FUNC)"),
         (["search.py:objective", "--trials", "0"], "--trials must be at least 1"),
         (["search.py:objective", "--trials", "2", "--storage", "nosuch://x/y"], "database URL"),
         (["search.py:objective", "--trials", "2", "--storage", "sqlite:/x"], "neither a database"),

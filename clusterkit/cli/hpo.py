@@ -38,6 +38,42 @@ PRUNER = typer.Option(
     metavar="NAME",
     help="An optuna.pruners class, e.g. MedianPruner, HyperbandPruner, PatientPruner.",
 )
+TARGET = typer.Argument(
+    ...,
+    metavar="FILE.py:FUNC|SCRIPT.py",
+    help="An Optuna objective, or a whole Optuna script run as written (args after --).",
+)
+TRIALS = typer.Option(None, "--trials", "-n", help="Total finished trials to reach (FILE.py:FUNC).")
+STORAGE = typer.Option(
+    None, "--storage", help="Database URL or journal file; default ./STUDY.optuna.log."
+)
+DIRECTION = typer.Option(
+    None,
+    "--direction",
+    metavar="DIRECTION",
+    help="minimize (the default) or maximize; several objectives: --directions.",
+)
+SAMPLER_KWARGS = typer.Option(
+    None, "--sampler-kwargs", metavar="JSON", help="""Its arguments, e.g. '{"seed": 1}'."""
+)
+PRUNER_KWARGS = typer.Option(
+    None,
+    "--pruner-kwargs",
+    metavar="JSON",
+    help="""Its arguments, e.g. '{"n_warmup_steps": 5}'.""",
+)
+RANKS_PER_TRIAL = typer.Option(
+    1, "--ranks-per-trial", help="DDP ranks per trial (torchrun env), slots reserved together."
+)
+CHECKPOINT_DIR = typer.Option(
+    None,
+    "--checkpoint-dir",
+    help="Trials' checkpoints: a folder per trial, under this path or URL.",
+)
+BATCH = typer.Option(False, "--batch", help="Run all of it in one SLURM/PBS job; print its ID.")
+DASHBOARD = typer.Option(
+    False, "--dashboard", help="Live optuna-dashboard of the study, read-only, on 127.0.0.1."
+)
 MAX_RETRIES = typer.Option(
     2, "--max-retries", help="Re-runs of a trial whose worker was lost with nothing saved."
 )
@@ -48,46 +84,20 @@ MAX_RESUMES = typer.Option(
 
 def hpo(
     context: typer.Context,
-    target: str = typer.Argument(
-        ...,
-        metavar="FILE.py:FUNC|SCRIPT.py",
-        help="An Optuna objective, or a whole Optuna script run as written (args after --).",
-    ),
+    target: str = TARGET,
     profile: str = typer.Option(None, "--profile", "-p", help="Profile name or path."),
-    trials: int = typer.Option(
-        None, "--trials", "-n", help="Total finished trials to reach (FILE.py:FUNC)."
-    ),
-    storage: str = typer.Option(
-        None, "--storage", help="Database URL or journal file; default ./STUDY.optuna.log."
-    ),
+    trials: int = TRIALS,
+    storage: str = STORAGE,
     study_name: str = typer.Option(None, "--study-name", help="Default: FILE-FUNC."),
-    direction: list[str] = typer.Option(
-        None,
-        "--direction",
-        metavar="DIRECTION",
-        help="minimize (the default) or maximize; several objectives: --directions.",
-    ),
+    direction: list[str] = DIRECTION,
     directions: list[str] = DIRECTIONS,
     sampler: str = SAMPLER,
-    sampler_kwargs: str = typer.Option(
-        None, "--sampler-kwargs", metavar="JSON", help="""Its arguments, e.g. '{"seed": 1}'."""
-    ),
+    sampler_kwargs: str = SAMPLER_KWARGS,
     pruner: str = PRUNER,
-    pruner_kwargs: str = typer.Option(
-        None,
-        "--pruner-kwargs",
-        metavar="JSON",
-        help="""Its arguments, e.g. '{"n_warmup_steps": 5}'.""",
-    ),
+    pruner_kwargs: str = PRUNER_KWARGS,
     gpus_per_trial: float = typer.Option(0, "--gpus-per-trial", help="GPU units per trial."),
-    ranks_per_trial: int = typer.Option(
-        1, "--ranks-per-trial", help="DDP ranks per trial (torchrun env), slots reserved together."
-    ),
-    checkpoint_dir: str = typer.Option(
-        None,
-        "--checkpoint-dir",
-        help="Trials' checkpoints: a folder per trial, under this path or URL.",
-    ),
+    ranks_per_trial: int = RANKS_PER_TRIAL,
+    checkpoint_dir: str = CHECKPOINT_DIR,
     max_retries: int = MAX_RETRIES,
     max_resumes: int = MAX_RESUMES,
     timeout: float = typer.Option(None, "--timeout", help="Seconds after which none starts."),
@@ -100,12 +110,8 @@ def hpo(
     workdir_max_size: str = WORKDIR_MAX_SIZE,
     detach: bool = typer.Option(False, "--detach", "-d", help="Run detached; print its ID."),
     max_restarts: int = typer.Option(3, "--max-restarts", help="Detached: driver restarts."),
-    batch: bool = typer.Option(
-        False, "--batch", help="Run all of it in one SLURM/PBS job; print its ID."
-    ),
-    dashboard: bool = typer.Option(
-        False, "--dashboard", help="Live optuna-dashboard of the study, read-only, on 127.0.0.1."
-    ),
+    batch: bool = BATCH,
+    dashboard: bool = DASHBOARD,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     mlflow: str = typer.Option(None, "--mlflow", help="MLflow tracking URI: a run per trial."),
 ) -> str | None:
@@ -114,6 +120,18 @@ def hpo(
     SCRIPT.py runs as `python SCRIPT.py ARGS` would, each study.optimize on the cluster.
     With --detach the search runs in the background (`clusterkit runs` lists it).
     With --batch, scheduler, driver and workers run in one job of the profile's batch system."""
+    return _run(context, direction, directions, detach, batch, max_restarts)
+
+
+def _run(
+    context: typer.Context,
+    direction: list[str] | None,
+    directions: list[str] | None,
+    detach: bool,
+    batch: bool,
+    max_restarts: int,
+) -> str | None:
+    """The search the command line names: checked, then run here or detached (its ID)."""
     from clusterkit.runners.hpo.knobs import check_directions
     from clusterkit.runs.execution import check_restarts, execute, prepare
     from clusterkit.runs.spec import HpoOptions, RunSpec
@@ -125,7 +143,7 @@ def hpo(
     if given is not None:
         options["directions"] = given
     check_restarts("hpo", max_restarts)
-    spec = RunSpec.hpo(target, profile=profile, **options)
+    spec = RunSpec.hpo(context.params["target"], profile=context.params["profile"], **options)
     prepared = prepare(spec)
     if detach or batch:
         from clusterkit.runs.launching import detach as detach_run

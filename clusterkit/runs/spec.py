@@ -192,7 +192,7 @@ class RunSpec(BaseModel):
                 flag = "--direction(s)" if name == "directions" else _flags(name)[0]
                 raise ValueError(
                     f"{flag} is the script's own (its create_study and study.optimize): "
-                    f"not for {self.target}"
+                    f"not for {self.target} (an objective: FILE.py:FUNC)"
                 )
         return self
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,33 @@ class Retries:
         if ended - attempt.resumes > self.lost:
             return "its worker was lost with nothing saved"
         return None
+
+
+class Watchdog:
+    """Quiet for ``after`` seconds (or 3x the longest trial) while trials are in flight:
+    ``log(quiet)`` once, till something is heard again."""
+
+    def __init__(self, log: Callable[[float], None]) -> None:
+        import time
+
+        self.log, self.heard_at, self.logged, self.longest = log, time.monotonic(), False, 0.0
+
+    def heard(self) -> None:
+        import time
+
+        self.heard_at, self.logged = time.monotonic(), False
+
+    def took(self, seconds: float) -> None:
+        """A trial took ``seconds``: a quiet spell shorter than 3x that is no stall."""
+        self.longest = max(self.longest, seconds)
+
+    def check(self, after: float) -> None:
+        import time
+
+        quiet = time.monotonic() - self.heard_at
+        if quiet >= max(after, 3 * self.longest) and not self.logged:
+            self.logged = True
+            self.log(quiet)
 
 
 def ask(study: optuna.Study, storage: Any, study_id: int, enqueued: bool) -> optuna.Trial:

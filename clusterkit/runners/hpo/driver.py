@@ -86,28 +86,23 @@ def run(
         A plain Optuna objective ``f(trial) -> float``, run on the workers; the finished trials
         (complete, pruned or failed, earlier runs too) the study must hold; a Dask client.
     study, storage, study_name, direction, directions, sampler, pruner
-        A study, or what to make it from, as ``optuna.create_study`` takes it (``direction`` or
-        ``directions``, not both; neither: minimize, or a resumed study's own; a study resumed
-        must have the directions given); storage: Optuna's, a database URL or a journal file
-        (default ``./<study_name>.optuna.log``, batched: :mod:`.storage`).
+        A study, or what ``optuna.create_study`` makes it from (resumed: its own directions);
+        storage: also a URL or a journal file (``./<study_name>.optuna.log``, :mod:`.storage`).
     resources, max_retries, max_resumes, catch
         Dask resources a trial needs (``{"GPU": 1}``: slots count them); the bounds of
         :class:`.dispatch.Retries`; exceptions failing only their trial (others re-raise; none
         completed: :class:`~.records.NoTrialCompleted` names the first failure's cause).
     timeout, trial_walltime, progress, out, lookahead, callbacks
-        Seconds after which no trial starts; a trial's likely seconds till 3 completed (then
-        their p90, :mod:`.walltime`); live progress; a results folder (a stopped search's too);
-        trials queued per slot (0: none); ``f(study, frozen_trial)`` run here, in order.
+        Seconds after which no trial starts; a trial's likely seconds (:mod:`.walltime`); live
+        progress; a results folder; trials queued per slot; ``f(study, trial)`` run here.
     workdir, ranks_per_trial, placement, checkpoint_dir
         The project trials run in (:mod:`clusterkit.runners.workdir`; "auto": the objective
-        module's, under the cwd; None: off); ranks per trial, an int or a function of the
-        parameters sampled so far (above 1: a gang, :mod:`.gang_loop`); "pack" | "spread"; an
-        fsspec URL or path for trials' checkpoints, a folder per trial (:mod:`.preemption`).
+        module's, under the cwd); ranks per trial, an int or a function of the parameters
+        (a gang, :mod:`.gang_loop`); "pack" | "spread"; trials' checkpoints (:mod:`.preemption`).
     """
     inputs.check_counts(n_trials, max_retries, lookahead, max_resumes)  # client: get_client()
-    study = study or inputs.open_study(
-        objective, storage, study_name, direction, sampler, pruner, directions=directions
-    )
+    made = (objective, storage, study_name, direction, sampler, pruner)
+    study = study or inputs.open_study(*made, directions=directions)
     client = client or _default_client()
     gangs_of = gangs.options(ranks_per_trial, placement, checkpoint_dir=_absolute(checkpoint_dir))
     objective, gang, warm = _in_place(client, objective, workdir, gangs_of, checkpoint_dir)
@@ -239,7 +234,7 @@ def drive(
         display.ledger = search.ledger
     search.order = InOrder(study, callbacks)
     inputs.say_if_done(study, search.done, n_trials)
-    setattr(study, "stop", search.stop)  # noqa: B010  Optuna's study.stop(), as in optimize
+    setattr(study, "stop", search.side.stop)  # noqa: B010  Optuna's study.stop(), as optimize
     try:
         # SIGTERM from a batch system to a worker: its trials save, then it retires (.graceful)
         with graceful.registered(client):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from clusterkit.errors import BadInput
 from clusterkit.runners.ddp import placement as ddp_placement
-from clusterkit.runners.hpo import dispatch, gangs, inputs, records
+from clusterkit.runners.hpo import dispatch, gangs, inputs
 from clusterkit.runners.hpo.dispatch import Attempt, lost_rank
 from clusterkit.runners.hpo.gang_account import GangLedger, held_by
 from clusterkit.runners.hpo.gang_preemption import GangWatch, agree, closing
@@ -132,12 +132,12 @@ class GangLoop(SearchLoop):
 
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
-        self._refresh_facts()
+        self.side.refresh()
         lookahead = 1 if isinstance(self.options.ranks, int) else max(1, len(self.layout))
         waiting = len(self.line) + 1
         while len(self.line) < waiting:  # till none starts: each start makes room in line
             while (
-                not self.stopping
+                not self.side.stopped
                 and len(self.line) < lookahead
                 and self.done + len(self.inflight) < self.n_trials
                 and not self._past_deadline()
@@ -218,10 +218,9 @@ class GangLoop(SearchLoop):
             "trial_id": attempt.trial_id,
             "attempt": attempt.starts,
             "series": series,
-            "study": self.facts,  # pickled StudyFacts: name, directions, attributes
+            "study": self.side.facts,  # pickled StudyFacts: name, directions, attributes
             "params": dict(frozen.params),
-            "fixed_params": frozen.system_attrs.get("fixed_params", {}),  # an enqueued trial's
-            "system_attrs": dict(frozen.system_attrs),
+            "system_attrs": dict(frozen.system_attrs),  # an enqueued trial's fixed_params
             "checkpoint_dir": self.options.checkpoint_dir,  # hpo.checkpoint_dir(trial)
             "distributions": {k: distribution_to_json(d) for k, d in frozen.distributions.items()},
         }
@@ -372,12 +371,8 @@ class GangLoop(SearchLoop):
                 agree(gang.decisions, gang.asking, msg, decide, self._answer)
             elif kind == "checkpoint":  # hpo.should_checkpoint(): the same on every rank
                 self.watch.answer(gang.number, msg, self._answer, [s.worker for s in gang.slots])
-            elif kind == "call":
-                self._answer(msg["reply"], self._storage_call(msg["request"]))
-            elif kind == "stop":
-                self.stop()
             else:
-                records.apply_write(self.storage, gang.trial_id, msg)
+                self._from_trial(msg, gang.trial_id)
         except Exception as error:  # a message racing the trial's end must not stop the search
             logger.debug("ignored %s message for trial %s: %s", kind, gang.number, error)
 
@@ -398,9 +393,6 @@ class GangLoop(SearchLoop):
             self.display.update_gangs(self.study, self.n_trials, sizes, len(self.layout), head)
 
     def _log_stall(self, quiet: float) -> None:
-        logger.warning(
-            "no trial finished or reported for %.0fs; %d gangs running, %d trials waiting",
-            quiet,
-            len(self._running()),
-            len(self.line),
-        )
+        waiting, running = len(self.line), len(self._running())
+        said = "no trial finished or reported for %.0fs; %d gangs running, %d trials waiting"
+        logger.warning(said, quiet, running, waiting)

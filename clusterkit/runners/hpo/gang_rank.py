@@ -45,7 +45,7 @@ class DriverLink:
         self.topic: str = info["topic"]
         self.head = {"number": info["number"], "attempt": info["attempt"], "rank": self.rank}
         self.reply = f"{self.topic}-g{info['number']}-{info['attempt']}-r{self.rank}"
-        self.fixed = set(info.get("fixed_params", {}))
+        self.fixed = set(info["system_attrs"].get("fixed_params", {}))  # an enqueued trial's
 
     def send(self, kind: str, **fields: Any) -> None:
         self.ctx.relay(self.topic, {"kind": kind, **self.head, **fields})

@@ -12,14 +12,21 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from clusterkit.errors import fit
-from clusterkit.runners.hpo import account, dispatch, inputs, records, remote
+from clusterkit.runners.hpo import account, dispatch, inputs, records
 from clusterkit.runners.hpo.callbacks import InOrder
 from clusterkit.runners.hpo.changelog import ChangeLog
-from clusterkit.runners.hpo.dispatch import Attempt, Retries, WalltimeGuard, count_slots, log_stall
+from clusterkit.runners.hpo.dispatch import (
+    Attempt,
+    Retries,
+    WalltimeGuard,
+    Watchdog,
+    count_slots,
+    log_stall,
+)
 from clusterkit.runners.hpo.preemption import TrialInterrupted
 from clusterkit.runners.hpo.presample import Presampler
 from clusterkit.runners.hpo.storage import flush as flush_storage
+from clusterkit.runners.hpo.studyside import StudySide
 
 if TYPE_CHECKING:
     import optuna
@@ -69,34 +76,18 @@ class SearchLoop:
         self.inflight: dict[int, Attempt] = {}
         self.futures: dict[Any, tuple[int, Future]] = {}  # key: (trial number, its task)
         self.done = sum(inputs.counted(t) for t in study.get_trials(deepcopy=False))
-        self.directions = [int(d) for d in study.directions]
         self.overhead = 0.0  # seconds the driver spent handling trials (bench reads it)
         self._slots_value, self._slots_at = 1, -math.inf
         self._keys, self._reported_at = 0, -math.inf
-        self._heard_at, self._stall_logged = time.monotonic(), False  # the watchdog's
-        self._longest = 0.0  # the longest trial so far: a quiet spell shorter is no stall
+        self.watchdog = Watchdog(self._log_stall)
         self.log = ChangeLog(client, study.get_trials(deepcopy=False), 1)
         self.presample = Presampler(study)
         self.order = InOrder(study)  # the callbacks' (drive() sets them)
         self.walltime = WalltimeGuard(client, study, trial_walltime)  # placement (dispatch)
         self.ledger = account.Ledger(resources)  # the account of the hours held
         self.study_id = self.storage.get_study_id_from_name(study.study_name)
-        from optuna.trial import TrialState
-
-        self._waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         self._dirty = False  # writes not yet flushed (see _report)
-        self.facts = b""  # the study as tasks carry it (:meth:`_refresh_facts`)
-        #: The sampler's state went out with a trial and has not come back: the next trial's
-        #: copy is reseeded. The trial sent alone (``_carried``: its number and key) brings
-        #: its copy back, and the study goes on from it, as ``study.optimize`` would.
-        self._sampler_out = False
-        self._carried: tuple[int, int] | None = None
-        self.stopping = False  # study.stop(): no trial starts any more (:meth:`stop`)
-
-    def stop(self) -> None:
-        """Optuna's ``study.stop()``, called by a callback, the sampler (a grid run through) or a
-        trial on its worker: the trials in flight finish, no other starts."""
-        self.stopping = True
+        self.side = StudySide(study, self.storage, self.study_id, self.log)  # as trials see it
 
     def release(self) -> None:
         """What the search kept on the workers goes, once it returns (:class:`.GangLoop`'s)."""
@@ -106,31 +97,27 @@ class SearchLoop:
     def _submit(
         self, attempt_number: int, trial_id: int, submits: int, with_base: bool = False
     ) -> Future:
-        import pickle
-
         from clusterkit.runners.hpo.worker import run_trial
 
         dispatch.check_cluster(self.client, self.done, self.n_trials)  # not on a closed client
-        sampler = self.presample.sampler_for(trial_id)
-        if self._sampler_out:  # its state went with a trial still out: this one draws afresh
-            sampler.reseed_rng()  # fixed in the pickle: a Dask re-run proposes the same values
-        self._sampler_out = True
-        carry = not any(n != attempt_number for n in self.inflight)  # alone: it comes back
-        self._carried = (attempt_number, self._keys + 1) if carry else None
         self._keys += 1
         key = f"hpo-{self.topic[-12:]}-{attempt_number}-{submits}-{self._keys}"
+        alone = not any(n != attempt_number for n in self.inflight)  # its sampler comes back
+        sampler = self.side.sampler_blob(
+            self.presample.sampler_for(trial_id), attempt_number, key, alone
+        )
         delta, base = self.log.delta(with_base)  # pickled now, on this thread
         future = self.client.submit(
             run_trial,
             self.blob,
-            pickle.dumps(sampler),
+            sampler,
             delta,
             base,
-            self.facts,
+            self.side.facts,
             attempt_number,
             self.topic,
             submits,
-            carry,
+            alone,
             key=key,
             pure=False,
             resources=self.resources,
@@ -165,31 +152,11 @@ class SearchLoop:
         self.log.resize(self._slots_value)
         self.log.set_live({a for a, w in workers.items() if count_slots([w], self.resources)})
 
-    def _refresh_facts(self) -> None:
-        """The study's name, directions and attributes as they are now, pickled once for the
-        tasks sent next (its attributes change on the driver: callbacks, a trial's calls)."""
-        import pickle
-
-        from optuna.pruners import HyperbandPruner
-
-        from clusterkit.runners.hpo.mirror import StudyFacts
-
-        storage, study_id = self.storage, self.study_id
-        facts = StudyFacts(
-            study_id,
-            self.study.study_name,
-            self.directions,
-            storage.get_study_user_attrs(study_id),
-            storage.get_study_system_attrs(study_id),
-            self.study.pruner if isinstance(self.study.pruner, HyperbandPruner) else None,
-        )
-        self.facts = pickle.dumps(facts)
-
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
-        self._refresh_facts()
+        self.side.refresh()
         while (
-            not self.stopping
+            not self.side.stopped
             and len(self.inflight) < self._capacity()
             and self.done + len(self.inflight) < self.n_trials
             and (self.deadline is None or time.monotonic() < self.deadline)
@@ -214,7 +181,8 @@ class SearchLoop:
 
     def _ask(self) -> optuna.Trial:
         """:func:`.dispatch.ask`, the trials the runner enqueued counted down."""
-        enqueued, self._waiting = self._waiting > 0, max(0, self._waiting - 1)
+        side = self.side
+        enqueued, side.enqueued = side.enqueued > 0, max(0, side.enqueued - 1)
         return dispatch.ask(self.study, self.storage, self.study_id, enqueued)
 
     def loop(self) -> None:
@@ -235,9 +203,9 @@ class SearchLoop:
                         continue
                     dispatch.check_cluster(self.client, self.done, self.n_trials)
                     self._recheck()
-                    self._watchdog()
+                    self.watchdog.check(STALL_AFTER)
                     continue
-                self._heard_at, self._stall_logged = time.monotonic(), False
+                self.watchdog.heard()
                 began = time.perf_counter()
                 if kind == "done":
                     self._finished(item)
@@ -271,14 +239,6 @@ class SearchLoop:
             if future.done():
                 self.inbox.put(("done", key))
 
-    def _watchdog(self) -> None:
-        """Quiet STALL_AFTER s, trials in flight: log once what the scheduler says of them."""
-        quiet = time.monotonic() - self._heard_at
-        if quiet < max(STALL_AFTER, 3 * self._longest) or self._stall_logged:
-            return
-        self._stall_logged = True
-        self._log_stall(quiet)
-
     def _log_stall(self, quiet: float) -> None:
         log_stall(self.client, [attempt.future.key for attempt in self.inflight.values()], quiet)
 
@@ -311,37 +271,26 @@ class SearchLoop:
         try:
             if kind == "prune":
                 self._answer(msg["reply"], self._decide_prune(attempt, msg["intermediate"]))
-            elif kind == "call":
-                self._answer(msg["reply"], self._storage_call(msg["request"]))
-            elif kind == "stop":
-                self.stop()
             else:
-                records.apply_write(self.storage, attempt.trial_id, msg)
+                self._from_trial(msg, attempt.trial_id)
         except Exception as error:  # a write racing the trial's end must not stop the search
             logger.debug("ignored %s message for trial %s: %s", kind, attempt.number, error)
 
+    def _from_trial(self, msg: dict[str, Any], trial_id: int) -> None:
+        """A trial's storage call, its ``study.stop()``, or a write to it."""
+        if msg["kind"] == "call":
+            self._answer(msg["reply"], self.side.answer(msg["request"]))
+        elif msg["kind"] == "stop":
+            self.side.stop()
+        else:
+            records.apply_write(self.storage, trial_id, msg)
+
     def _decide_prune(self, attempt: Attempt, intermediate: Any) -> bool:
-        """The pruner's verdict on the trial with these intermediate values recorded."""
-        storage = self.storage
-        records.add_intermediate(storage, attempt.trial_id, intermediate)
-        decision = bool(self.study.pruner.prune(self.study, storage.get_trial(attempt.trial_id)))
-        flush_storage(storage)  # an answer is a report: what it was decided on is durable first
+        """The pruner's verdict on the trial with these intermediate values recorded; what it
+        was decided on is durable first (an answer is a report)."""
+        decision = records.decide_prune(self.study, self.storage, attempt.trial_id, intermediate)
+        flush_storage(self.storage)
         return decision
-
-    def _storage_call(self, request: bytes) -> bytes:
-        """Answer a trial's storage call (:mod:`.remote`); a trial of the study it changed is
-        logged for the mirrors, an enqueued one counted for the loop to ask."""
-        from optuna.trial import TrialState
-
-        method, args, value, reply = remote.answer(self.storage, request)
-        changed = remote.changed_trial(self.storage, self.study_id, method, args, value)
-        if changed is not None:
-            self.log.add(changed)
-            if method == "create_new_trial" and changed.state == TrialState.WAITING:
-                self._waiting += 1
-        if method in remote.STUDY_WRITES:
-            self._refresh_facts()
-        return reply
 
     def _answer(self, reply: str, value: Any) -> None:
         """Put ``value`` on the scheduler queue a worker waits on for its answer."""
@@ -412,10 +361,11 @@ class SearchLoop:
         import cloudpickle
 
         records.apply_record(self.storage, attempt.trial_id, record)
-        self._adopt_sampler(attempt, record.get("sampler"))
+        if record.get("sampler") is not None:  # a lone trial's: the study samples on from it
+            self.side.adopt(attempt.number, str(attempt.future.key), record["sampler"])
         before = self.ledger.ended(attempt.number, record)  # its checkpointed attempts' run
         if "start" in record and "end" in record:
-            self._longest = max(self._longest, record["end"] - record["start"])
+            self.watchdog.took(record["end"] - record["start"])
             self.walltime.finished(record, before)
         if record.get("traceback"):  # the one line goes to the terminal, this to the log
             logger.debug("trial %s failed:\n%s", attempt.number, record["traceback"])
@@ -425,40 +375,9 @@ class SearchLoop:
             if not isinstance(error, self.catch):
                 raise error
 
-    def _adopt_sampler(self, attempt: Attempt, blob: bytes | None) -> None:
-        """The sampler as the trial sent alone left it: the study samples on from there (its
-        random state, what it learnt), so one slot without lookahead draws the trials
-        ``study.optimize`` draws."""
-        import pickle
-
-        carried, self._carried = self._carried, None
-        if blob is None or carried is None or carried[0] != attempt.number:
-            return
-        if not str(attempt.future.key).endswith(f"-{carried[1]}"):
-            return  # another attempt's
-        sampler = pickle.loads(blob)
-        if type(sampler) is type(self.study.sampler):
-            self.study.sampler = sampler
-            self._sampler_out = False
-
     def _tell(self, attempt: Attempt, state: str, values: Any = None, error: str | None = None):
-        from optuna.trial import TrialState
-
-        storage = self.storage
-        if attempt.attempts > 1:  # each attribute is a storage write; the common case: none
-            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ATTEMPTS, attempt.attempts)
-        if error:
-            storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, error)
-            logger.warning("trial %s failed: %s", attempt.number, fit(error))
-        if state == "COMPLETE":
-            refused = records.refusal(values, len(self.directions))
-            if refused:  # Optuna fails the trial, saying why in a log line only
-                storage.set_trial_user_attr(attempt.trial_id, inputs.ATTR_ERROR, refused)
-                logger.warning("trial %s failed: %s", attempt.number, fit(refused))
-            self.study.tell(attempt.number, values)
-        else:
-            self.study.tell(attempt.number, state=TrialState[state])
-        self.log.add(frozen := storage.get_trial(attempt.trial_id))
+        frozen = records.tell(self.study, self.storage, attempt, state, values, error)
+        self.log.add(frozen)
         self.presample.finished(frozen)
         if self.inflight.pop(attempt.number, None) is not None:
             self.done += 1

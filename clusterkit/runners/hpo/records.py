@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 from typing import Any
 
 from clusterkit.errors import ClusterkitError, fit
 from clusterkit.runners.hpo import inputs
+
+logger = logging.getLogger(__name__)
 
 
 class NoTrialCompleted(ClusterkitError):
@@ -83,6 +86,33 @@ def refusal(values: Any, objectives: int) -> str | None:
         if math.isnan(number):
             return "the objective returned NaN"
     return None
+
+
+def tell(study: Any, storage: Any, attempt: Any, state: str, values: Any, error: Any) -> Any:
+    """Tell ``study`` how trial ``attempt`` ended (a state's name; its values when COMPLETE),
+    recording its attempts and failure's cause, Optuna's refusal of its values included; the
+    trial as it is now."""
+    from optuna.trial import TrialState
+
+    trial_id = attempt.trial_id
+    if attempt.attempts > 1:  # each attribute is a storage write; the common case: none
+        storage.set_trial_user_attr(trial_id, inputs.ATTR_ATTEMPTS, attempt.attempts)
+    if state == "COMPLETE":
+        error = error or refusal(values, len(study.directions))  # Optuna only logs it
+    if error:
+        storage.set_trial_user_attr(trial_id, inputs.ATTR_ERROR, error)
+        logger.warning("trial %s failed: %s", attempt.number, fit(error))
+    if state == "COMPLETE":
+        study.tell(attempt.number, values)
+    else:
+        study.tell(attempt.number, state=TrialState[state])
+    return storage.get_trial(trial_id)
+
+
+def decide_prune(study: Any, storage: Any, trial_id: int, intermediate: Any) -> bool:
+    """The pruner's verdict on the trial with these intermediate values recorded."""
+    add_intermediate(storage, trial_id, intermediate)
+    return bool(study.pruner.prune(study, storage.get_trial(trial_id)))
 
 
 def add_intermediate(storage: Any, trial_id: int, values: Any) -> None:

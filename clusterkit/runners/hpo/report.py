@@ -15,6 +15,7 @@ from typing import Any
 
 from clusterkit.runners.hpo import inputs, timeline
 from clusterkit.runners.hpo.inputs import ATTR_GANG
+from clusterkit.runners.hpo.plots import each_warning_once, optuna_plots
 from clusterkit.runners.hpo.timeline import pyplot, timeline_matplotlib, timeline_plotly
 
 logger = logging.getLogger(__name__)
@@ -226,8 +227,8 @@ def write_results(study: Any, out: str | Path, ledger: Any = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     study.trials_dataframe().to_csv(folder / "trials.csv", index=False)
     figures: dict[str, Any] = {}
-    with _each_warning_once():  # both renderings of a plot compute it: the same warnings twice
-        for name, (plotly_fn, mpl_fn) in _optuna_plots(study).items():
+    with each_warning_once():  # both renderings of a plot compute it: the same warnings twice
+        for name, (plotly_fn, mpl_fn) in optuna_plots(study).items():
             try:
                 figure = plotly_fn(study)
                 _save_png(mpl_fn(study), folder / f"{name}.png")
@@ -246,61 +247,6 @@ def write_results(study: Any, out: str | Path, ledger: Any = None) -> Path:
         _save_png(timeline.hours_matplotlib(split), folder / "hours.png")
     (folder / "report.html").write_text(report_html(study, figures, split), encoding="utf-8")
     return folder
-
-
-@contextlib.contextmanager
-def _each_warning_once() -> Iterator[None]:
-    """Warnings raised inside, each distinct one passed on once (to the caller's filters)."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    seen = set()
-    for item in caught:
-        key = (item.category, str(item.message))
-        if key not in seen:
-            seen.add(key)
-            warnings.warn_explicit(item.message, item.category, item.filename, item.lineno)
-
-
-def _optuna_plots(study: Any) -> dict[str, tuple[Any, Any]]:
-    """Optuna's plots that apply to the study: name -> (plotly function, matplotlib function)."""
-    import warnings
-
-    from optuna import visualization as vis
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.trial import TrialState
-
-    pyplot()  # the Agg backend, before optuna's matplotlib module imports pyplot
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)  # optuna's matplotlib API
-        from optuna.visualization import matplotlib as vis_mpl
-
-    def quiet(fn: Any) -> Any:
-        def call(study: Any) -> Any:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                return fn(study).figure
-
-        return call
-
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    plots: dict[str, tuple[Any, Any]] = {}
-    if complete and len(study.directions) in (2, 3):  # more: Optuna asks which to draw
-        # the others take a target of one value: no history, no importances
-        plots["pareto_front"] = (vis.plot_pareto_front, quiet(vis_mpl.plot_pareto_front))
-    if complete and len(study.directions) == 1:
-        plots["optimization_history"] = (
-            vis.plot_optimization_history,
-            quiet(vis_mpl.plot_optimization_history),
-        )
-        if len(complete) >= 2 and any(t.params for t in complete):
-            plots["param_importances"] = (
-                vis.plot_param_importances,
-                quiet(vis_mpl.plot_param_importances),
-            )
-    return plots
 
 
 def _save_png(figure: Any, path: Path) -> None:

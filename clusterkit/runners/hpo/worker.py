@@ -18,7 +18,7 @@ from optuna.pruners import BasePruner, HyperbandPruner
 from optuna.trial import FrozenTrial, TrialState
 
 from clusterkit.runners.hpo import cores, preemption, remote, warmup
-from clusterkit.runners.hpo.mirror import StudyFacts, TrialView, mirror_for
+from clusterkit.runners.hpo.mirror import StudyFacts, StudyMirror, TrialView, mirror_for
 from clusterkit.runners.hpo.preemption import TrialInterrupted
 from clusterkit.runners.hpo.retried import RetryAwareTrial, rerun_by_dask
 
@@ -138,8 +138,7 @@ def run_trial(
     too old for them returns ``{"stale": True}``. ``study_blob``: the pickled
     :class:`~.mirror.StudyFacts`. The sampler's random state is fixed by the driver, so a
     re-run of this task (its worker died) proposes the same parameters; ``carry``: the record
-    brings the sampler back, as the trial left it (the driver samples on from it); the copy
-    here is then the driver's own, maybe unseeded, so a re-run takes what its first run drew.
+    brings the sampler back, as the trial left it (the driver samples on from it).
     """
     channel = Channel(topic, number, attempt)
     mirror = mirror_for(topic)
@@ -150,16 +149,7 @@ def run_trial(
         return {"stale": True, "number": number, "worker": channel.worker.address}
     start = time.time()
     channel.send("start", worker=channel.worker.address, time=start, version=mirror.version)
-    sampler = pickle.loads(sampler_blob)
-    facts: StudyFacts = pickle.loads(study_blob)
-    drawn = mirror.trials[number]
-    if carry and rerun_by_dask():  # its sampler's state may be unseeded: take the first run's
-        drawn = channel.call("get_trial", drawn._trial_id)
-    storage = TrialView(mirror, drawn, facts, channel.forward_write, channel.call)
-    study = optuna.Study(facts.name, storage, sampler=sampler, pruner=_pruner(facts, channel))
-    setattr(study, "stop", functools.partial(channel.send, "stop"))  # noqa: B010  the search's
-    own = storage.own
-    assert own is not None
+    study, own = _trial_study(channel, mirror, number, sampler_blob, study_blob, carry)
     record: dict[str, Any] = {"number": number, "error": None, "exception": None, "values": None}
     try:
         is_retry = functools.partial(_is_retry, attempt)
@@ -182,9 +172,32 @@ def run_trial(
         channel.close()
     record.update(_written(own), worker=channel.worker.address, start=start)
     record["end"] = time.time()
-    record["sampler"] = pickle.dumps(sampler) if carry else None
+    record["sampler"] = pickle.dumps(study.sampler) if carry else None
     _send_result(channel, record)
     return record
+
+
+def _trial_study(
+    channel: Channel,
+    mirror: StudyMirror,
+    number: int,
+    sampler_blob: bytes,
+    study_blob: bytes,
+    carry: bool,
+) -> tuple[optuna.Study, FrozenTrial]:
+    """The study as trial ``number`` sees it here (:class:`~.mirror.TrialView`), and the trial.
+    ``carry``: the sampler is the driver's own, maybe unseeded: a re-run takes what its first
+    run drew."""
+    facts: StudyFacts = pickle.loads(study_blob)
+    drawn = mirror.trials[number]
+    if carry and rerun_by_dask():
+        drawn = channel.call("get_trial", drawn._trial_id)
+    storage = TrialView(mirror, drawn, facts, channel.forward_write, channel.call)
+    sampler = pickle.loads(sampler_blob)
+    study = optuna.Study(facts.name, storage, sampler=sampler, pruner=_pruner(facts, channel))
+    setattr(study, "stop", functools.partial(channel.send, "stop"))  # noqa: B010  the search's
+    assert storage.own is not None
+    return study, storage.own
 
 
 def _written(frozen: FrozenTrial) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""The driver's side of the study its trials see on the workers (:class:`.mirror.TrialView`).
+
+:class:`StudySide` keeps, for the dispatch loops: the study's facts as the tasks carry them
+(name, directions, attributes, a Hyperband pruner's brackets), refreshed as they change; the
+sampler's state a task carries (reseeded while another trial's copy is out; a trial sent
+alone brings its copy back and the study samples on from it, as ``study.optimize`` would);
+whether ``study.stop()`` was called; and the answers to the trials' storage calls
+(:mod:`.remote`), logged for the mirrors.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from clusterkit.runners.hpo import remote
+
+if TYPE_CHECKING:
+    import optuna
+
+    from clusterkit.runners.hpo.changelog import ChangeLog
+
+
+class StudySide:
+    """One search's study, as the driver hands it to its trials."""
+
+    def __init__(self, study: optuna.Study, storage: Any, study_id: int, log: ChangeLog) -> None:
+        self.study, self.storage, self.study_id, self.log = study, storage, study_id, log
+        self.directions = [int(d) for d in study.directions]
+        self.facts = b""
+        from optuna.trial import TrialState
+
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        self.enqueued = len(waiting)  # trials enqueued, by the runner or a trial: asked first
+        self._sampler_out = False  # its state went with a trial that has not brought it back
+        self._carried: tuple[int, str] | None = None  # the lone trial's number and task key
+        self.stopped = False  # study.stop(): no trial starts any more
+        self.refresh()
+
+    def stop(self) -> None:
+        """Optuna's ``study.stop()``, called by a callback, the sampler (a grid run through) or
+        a trial on its worker: the trials in flight finish, no other starts."""
+        self.stopped = True
+
+    def refresh(self) -> None:
+        """The study's facts as they are now, pickled once for the tasks sent next (its
+        attributes change on the driver: callbacks, a trial's calls)."""
+        from optuna.pruners import HyperbandPruner
+
+        from clusterkit.runners.hpo.mirror import StudyFacts
+
+        pruner = self.study.pruner
+        facts = StudyFacts(
+            self.study_id,
+            self.study.study_name,
+            self.directions,
+            self.storage.get_study_user_attrs(self.study_id),
+            self.storage.get_study_system_attrs(self.study_id),
+            pruner if isinstance(pruner, HyperbandPruner) else None,
+        )
+        self.facts = pickle.dumps(facts)
+
+    def sampler_blob(self, sampler: Any, number: int, key: str, alone: bool) -> bytes:
+        """The sampler a task of trial ``number`` carries: reseeded while another trial's copy
+        is out (fixed in the pickle: a Dask re-run proposes the same values); ``alone``, no
+        other trial in flight: its copy comes back (:meth:`adopt`)."""
+        if self._sampler_out:
+            sampler.reseed_rng()
+        self._sampler_out = True
+        self._carried = (number, key) if alone else None
+        return pickle.dumps(sampler)
+
+    def adopt(self, number: int, key: str, blob: bytes | None) -> None:
+        """The sampler as the lone trial ``number`` (its task ``key``) left it: the study
+        samples on from there (its random state, what it learnt), so one slot without
+        lookahead draws the trials ``study.optimize`` draws."""
+        carried, self._carried = self._carried, None
+        if blob is None or carried != (number, key):
+            return
+        sampler = pickle.loads(blob)
+        if type(sampler) is type(self.study.sampler):
+            self.study.sampler = sampler
+            self._sampler_out = False
+
+    def answer(self, request: bytes) -> bytes:
+        """A trial's storage call answered (:mod:`.remote`); a trial of the study it changed is
+        logged for the mirrors, an enqueued one counted for the loop to ask."""
+        from optuna.trial import TrialState
+
+        method, args, value, reply = remote.answer(self.storage, request)
+        changed = remote.changed_trial(self.storage, self.study_id, method, args, value)
+        if changed is not None:
+            self.log.add(changed)
+            if method == "create_new_trial" and changed.state == TrialState.WAITING:
+                self.enqueued += 1
+        if method in remote.STUDY_WRITES:
+            self.refresh()
+        return reply
