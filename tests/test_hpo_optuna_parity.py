@@ -324,3 +324,53 @@ def test_study_stop_from_a_trial_ends_the_search_as_in_optimize(client: Any) -> 
     study = optuna.create_study()
     hpo.run(stops_at_four, n_trials=10, client=client, study=study, lookahead=0, progress=False)
     assert len(study.trials) == 5
+
+
+# ---------------------------------------------------------------------- trials at once
+
+
+@pytest.fixture(scope="module")
+def two_slots() -> Iterator[Any]:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as connected,
+    ):
+        connected.wait_for_workers(1, timeout=60)
+        yield connected
+
+
+def sees_the_running(trial: optuna.Trial) -> float:
+    """Records the parameters of the other trials running as it starts, as a constant liar
+    sees them, then keeps its slot a while: the first trial briefly, so the slots' trials start
+    in turn, each while the other's trial runs."""
+    import time
+
+    x = trial.suggest_float("x", 0.0, 1.0)
+    running = trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    trial.set_user_attr("running_params", [t.params for t in running if t.number != trial.number])
+    time.sleep(0.15 if trial.number == 0 else 0.6)
+    return x
+
+
+def test_a_trial_sees_what_the_trials_running_beside_it_drew(two_slots: Any) -> None:
+    """TPE's and the GP's constant liar lie about the running trials' parameters: a trial's
+    mirror must show them as ``study.optimize``'s threads see them."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    hpo.run(
+        sees_the_running, n_trials=8, client=two_slots, study=study, lookahead=0, progress=False
+    )
+    later = [t for t in study.trials if t.number >= 2]
+    seen = [t.user_attrs["running_params"] for t in later]
+    assert all(len(params) == 1 and "x" in params[0] for params in seen), seen
+
+
+def test_qmc_draws_no_point_twice_with_trials_at_once(two_slots: Any) -> None:
+    """QMC counts its samples in a study system attribute: read current, not as dispatched."""
+    study = optuna.create_study(sampler=optuna.samplers.QMCSampler(seed=0, scramble=True))
+    hpo.run(objective, n_trials=12, client=two_slots, study=study, progress=False)
+    points = [(t.params["x"], t.params["y"]) for t in study.trials]
+    assert len(set(points)) == len(points)

@@ -132,7 +132,6 @@ class GangLoop(SearchLoop):
 
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
-        self.side.refresh()
         lookahead = 1 if isinstance(self.options.ranks, int) else max(1, len(self.layout))
         waiting = len(self.line) + 1
         while len(self.line) < waiting:  # till none starts: each start makes room in line

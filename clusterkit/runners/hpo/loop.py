@@ -154,7 +154,7 @@ class SearchLoop:
 
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
-        self.side.refresh()
+        self.side.publish()
         while (
             not self.side.stopped
             and len(self.inflight) < self._capacity()
@@ -164,7 +164,7 @@ class SearchLoop:
             trial = self._ask()
             self.order.asked(trial)
             self.log.add(self.storage.get_trial(trial._trial_id))
-            if len(self.inflight) >= self._slots_value:  # it waits behind a running trial
+            if len(self.inflight) >= self._slots_value or self.presample.always:  # it waits
                 self.presample.draw(trial._trial_id)
             self.inflight[trial.number] = Attempt(
                 trial.number, trial._trial_id, self._submit(trial.number, trial._trial_id, 1)
@@ -284,6 +284,8 @@ class SearchLoop:
             self.side.stop()
         else:
             records.apply_write(self.storage, trial_id, msg)
+            if msg["kind"] == "param":  # the others' mirrors show it (publish)
+                self.side.drawn.add(trial_id)
 
     def _decide_prune(self, attempt: Attempt, intermediate: Any) -> bool:
         """The pruner's verdict on the trial with these intermediate values recorded; what it

@@ -17,7 +17,7 @@ import copy
 import pickle
 import threading
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -82,13 +82,11 @@ def drop_mirror(topic: str) -> None:
 
 @dataclass
 class StudyFacts:
-    """The study a search runs, as its tasks carry it: id, name, directions and attributes."""
+    """The study a search runs, as its tasks carry it: what does not change while it runs."""
 
     study_id: int
     name: str
     directions: list[int]
-    user_attrs: dict[str, Any] = field(default_factory=dict)
-    system_attrs: dict[str, Any] = field(default_factory=dict)
     #: The study's pruner where what a sampler sees depends on it (Hyperband's brackets).
     bracket_pruner: Any = None
 
@@ -102,10 +100,10 @@ class TrialView(BaseStorage):
 
     Served here, with no round trip: the running trial (``own``; its writes are kept and sent
     on with ``on_write(kind, **fields)``, fire and forget, in order; an attribute's value
-    pickled, as numpy's scalars are no message), the study's other trials
-    (the worker's mirror) and the study itself (``study``, as the task carried it, and what this
-    trial set on it). Everything else is a call to the driver's storage (``call``): the study's
-    attributes set from the trial (also kept here), other studies, trials the objective asked,
+    pickled, as numpy's scalars are no message), the study's other trials (the worker's mirror)
+    and what does not change of the study (``study``: its name and directions). Everything else
+    is a call to the driver's storage (``call``): the study's attributes (read current: QMC counts
+    its samples there while trials run at once), other studies, trials the objective asked,
     enqueued or changed itself (after such a write the study's trials are read from the driver,
     current), with the exceptions Optuna's storage raises. The running trial's end is the
     driver's: it tells the study what the objective returned.
@@ -145,13 +143,9 @@ class TrialView(BaseStorage):
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
         self.call("set_study_user_attr", study_id, key, value)
-        if self.study is not None and self._is_own_study(study_id):
-            self.study.user_attrs = {**self.study.user_attrs, key: value}
 
     def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
         self.call("set_study_system_attr", study_id, key, value)
-        if self.study is not None and self._is_own_study(study_id):
-            self.study.system_attrs = {**self.study.system_attrs, key: value}
 
     def get_study_id_from_name(self, study_name: str) -> int:
         if self.study is not None and study_name == self.study.name:
@@ -169,14 +163,10 @@ class TrialView(BaseStorage):
         return self.call("get_study_directions", study_id)
 
     def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
-        if self.study is not None and self._is_own_study(study_id):
-            return dict(self.study.user_attrs)
-        return self.call("get_study_user_attrs", study_id)
+        return self.call("get_study_user_attrs", study_id)  # current: trials set them too
 
     def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
-        if self.study is not None and self._is_own_study(study_id):
-            return dict(self.study.system_attrs)
-        return self.call("get_study_system_attrs", study_id)
+        return self.call("get_study_system_attrs", study_id)  # QMC's counter: current
 
     def get_all_studies(self) -> list[Any]:
         return self.call("get_all_studies")

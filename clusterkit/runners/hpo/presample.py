@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, RandomSampler, TPESampler
+from optuna.samplers import BaseSampler, QMCSampler, RandomSampler, TPESampler
 
 from clusterkit.runners.hpo import inputs
 
@@ -35,6 +35,10 @@ ENABLED = True
 #: Samplers drawn ahead: what they draw depends on the study alone. Others (CMA-ES, NSGA-II,
 #: GP, a user's own) keep sampling on the worker.
 DRAWABLE = (TPESampler, RandomSampler)
+#: Samplers drawn on the driver for every trial, whatever it costs: each draw counts on in the
+#: study (QMC's sample id, a study system attribute read then written), which trials drawing at
+#: once on their workers would read alike and draw the same point.
+SEQUENTIAL = (QMCSampler,)
 #: Share of the driver's time between two finished trials that drawing ahead may take.
 IDLE_SHARE = 0.2
 #: Weight of the newest measurement in the running means of cost and gap.
@@ -94,7 +98,8 @@ class Presampler:
         self.study = study
         # its own copy: a sampler keeps state bound to the study it samples (TPE's intersection
         # search space keeps the study's id), and the tasks' copies must start clean
-        drawable = type(study.sampler) in DRAWABLE
+        self.always = type(study.sampler) in SEQUENTIAL
+        drawable = self.always or type(study.sampler) in DRAWABLE
         self.sampler = pickle.loads(pickle.dumps(study.sampler)) if drawable else None
         if self.sampler is not None:  # its own random stream, not the state a task may carry
             self.sampler.reseed_rng()
@@ -115,11 +120,13 @@ class Presampler:
         self._last_finish = now
 
     def draw(self, trial_id: int) -> None:
-        """Sample queued trial ``trial_id``'s parameters now, if the driver can afford it."""
-        if self.sampler is None or not ENABLED or not self.space or self.gap is None:
+        """Sample queued trial ``trial_id``'s parameters now, if the driver can afford it (a
+        :data:`SEQUENTIAL` sampler: any trial's, always)."""
+        if self.sampler is None or not ENABLED or not self.space:
             return
-        if self.cost > IDLE_SHARE * self.gap:
-            self.cost *= 1 - WEIGHT / 10  # a later trial tries again, should trials get longer
+        if not self.always and (self.gap is None or self.cost > IDLE_SHARE * self.gap):
+            if self.gap is not None:  # a later trial tries again, should trials get longer
+                self.cost *= 1 - WEIGHT / 10
             return
         began = time.perf_counter()
         study, sampler = self.study, self.sampler

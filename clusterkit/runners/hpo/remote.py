@@ -47,8 +47,6 @@ TRIAL_WRITES = frozenset(
         "set_trial_system_attr",
     }
 )
-#: Calls that change a study's attributes: tasks carry the study's attributes again.
-STUDY_WRITES = frozenset({"set_study_user_attr", "set_study_system_attr"})
 
 
 def request(method: str, args: tuple[Any, ...]) -> bytes:

@@ -1,8 +1,9 @@
 """The driver's side of the study its trials see on the workers (:class:`.mirror.TrialView`).
 
 :class:`StudySide` keeps, for the dispatch loops: the study's facts as the tasks carry them
-(name, directions, attributes, a Hyperband pruner's brackets), refreshed as they change; the
-sampler's state a task carries (reseeded while another trial's copy is out; a trial sent
+(name, directions, a Hyperband pruner's brackets); the running trials whose parameters came
+in, logged again for the mirrors (a constant liar sees what the others drew); the sampler's
+state a task carries (reseeded while another trial's copy is out; a trial sent
 alone brings its copy back and the study samples on from it, as ``study.optimize`` would);
 whether ``study.stop()`` was called; and the answers to the trials' storage calls
 (:mod:`.remote`), logged for the mirrors.
@@ -27,7 +28,6 @@ class StudySide:
     def __init__(self, study: optuna.Study, storage: Any, study_id: int, log: ChangeLog) -> None:
         self.study, self.storage, self.study_id, self.log = study, storage, study_id, log
         self.directions = [int(d) for d in study.directions]
-        self.facts = b""
         from optuna.trial import TrialState
 
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
@@ -35,30 +35,33 @@ class StudySide:
         self._sampler_out = False  # its state went with a trial that has not brought it back
         self._carried: tuple[int, str] | None = None  # the lone trial's number and task key
         self.stopped = False  # study.stop(): no trial starts any more
-        self.refresh()
+        self.drawn: set[int] = set()  # running trials whose parameters came in since publish()
+        self.facts = pickle.dumps(self._facts())
 
     def stop(self) -> None:
         """Optuna's ``study.stop()``, called by a callback, the sampler (a grid run through) or
         a trial on its worker: the trials in flight finish, no other starts."""
         self.stopped = True
 
-    def refresh(self) -> None:
-        """The study's facts as they are now, pickled once for the tasks sent next (its
-        attributes change on the driver: callbacks, a trial's calls)."""
+    def _facts(self) -> Any:
         from optuna.pruners import HyperbandPruner
 
         from clusterkit.runners.hpo.mirror import StudyFacts
 
         pruner = self.study.pruner
-        facts = StudyFacts(
-            self.study_id,
-            self.study.study_name,
-            self.directions,
-            self.storage.get_study_user_attrs(self.study_id),
-            self.storage.get_study_system_attrs(self.study_id),
-            pruner if isinstance(pruner, HyperbandPruner) else None,
-        )
-        self.facts = pickle.dumps(facts)
+        bracket_pruner = pruner if isinstance(pruner, HyperbandPruner) else None
+        return StudyFacts(self.study_id, self.study.study_name, self.directions, bracket_pruner)
+
+    def publish(self) -> None:
+        """The running trials whose parameters came in since the last time, logged again: the
+        tasks sent next show them as ``study.optimize``'s threads would see them."""
+        from optuna.trial import TrialState
+
+        for trial_id in self.drawn:
+            frozen = self.storage.get_trial(trial_id)
+            if frozen.state == TrialState.RUNNING:
+                self.log.add(frozen)
+        self.drawn.clear()
 
     def sampler_blob(self, sampler: Any, number: int, key: str, alone: bool) -> bytes:
         """The sampler a task of trial ``number`` carries: reseeded while another trial's copy
@@ -93,6 +96,4 @@ class StudySide:
             self.log.add(changed)
             if method == "create_new_trial" and changed.state == TrialState.WAITING:
                 self.enqueued += 1
-        if method in remote.STUDY_WRITES:
-            self.refresh()
         return reply
