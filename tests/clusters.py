@@ -25,16 +25,16 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not 
 
 
 @contextlib.contextmanager
-def local_client(n_workers: int, dashboard: bool = False) -> Iterator[Any]:
-    """A client of a LocalCluster of ``n_workers`` one-thread worker processes on 127.0.0.1;
-    fails when a process it started outlives it."""
+def local_client(n_workers: int, dashboard: bool = False, threads: int = 1) -> Iterator[Any]:
+    """A client of a LocalCluster of ``n_workers`` worker processes of ``threads`` threads on
+    127.0.0.1; fails when a process it started outlives it."""
     from distributed import Client, LocalCluster
 
     baseline = token_processes()
     with (
         LocalCluster(
             n_workers=n_workers,
-            threads_per_worker=1,
+            threads_per_worker=threads,
             host="127.0.0.1",
             dashboard_address="127.0.0.1:0" if dashboard else None,
         ) as cluster,

@@ -145,15 +145,9 @@ PRUNERS: dict[str, Callable[[], Any]] = {
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
     """One worker thread: trials run one at a time, as under ``study.optimize``."""
-    from distributed import Client, LocalCluster
+    from tests.clusters import local_client
 
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as connected,
-    ):
-        connected.wait_for_workers(1, timeout=60)
+    with local_client(1) as connected:
         yield connected
 
 
@@ -331,15 +325,9 @@ def test_study_stop_from_a_trial_ends_the_search_as_in_optimize(client: Any) -> 
 
 @pytest.fixture(scope="module")
 def two_slots() -> Iterator[Any]:
-    from distributed import Client, LocalCluster
+    from tests.clusters import local_client
 
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as connected,
-    ):
-        connected.wait_for_workers(1, timeout=60)
+    with local_client(1, threads=2) as connected:
         yield connected
 
 

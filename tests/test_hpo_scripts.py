@@ -26,15 +26,9 @@ SCRIPTS = Path(__file__).parent / "optuna_scripts"
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    from distributed import Client, LocalCluster
+    from tests.clusters import local_client
 
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as connected,
-    ):
-        connected.wait_for_workers(2, timeout=60)
+    with local_client(2) as connected:
         yield connected
 
 

@@ -91,15 +91,9 @@ def run_case(name: str, kwargs: dict[str, Any], topic: str) -> str:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    from distributed import Client, LocalCluster
+    from tests.clusters import local_client
 
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as connected,
-    ):
-        connected.wait_for_workers(1, timeout=60)
+    with local_client(1) as connected:
         yield connected
 
 

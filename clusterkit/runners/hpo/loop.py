@@ -154,7 +154,7 @@ class SearchLoop:
 
     def _fill(self) -> None:
         self.walltime.refresh()  # the ends of workers new since
-        self.side.publish()
+        self.side.publish(self._slots_value)
         while (
             not self.side.stopped
             and len(self.inflight) < self._capacity()
@@ -283,9 +283,7 @@ class SearchLoop:
         elif msg["kind"] == "stop":
             self.side.stop()
         else:
-            records.apply_write(self.storage, trial_id, msg)
-            if msg["kind"] == "param":  # the others' mirrors show it (publish)
-                self.side.drawn.add(trial_id)
+            self.side.written(trial_id, msg)
 
     def _decide_prune(self, attempt: Attempt, intermediate: Any) -> bool:
         """The pruner's verdict on the trial with these intermediate values recorded; what it
@@ -380,6 +378,7 @@ class SearchLoop:
     def _tell(self, attempt: Attempt, state: str, values: Any = None, error: str | None = None):
         frozen = records.tell(self.study, self.storage, attempt, state, values, error)
         self.log.add(frozen)
+        self.side.drawn.discard(attempt.trial_id)  # logged as it ended
         self.presample.finished(frozen)
         if self.inflight.pop(attempt.number, None) is not None:
             self.done += 1

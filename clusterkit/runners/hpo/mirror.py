@@ -259,17 +259,16 @@ class TrialView(BaseStorage):
         self._write_own("value", step=int(step), value=float(intermediate_value))
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        own = self.own
-        if own is None or trial_id != own._trial_id:
-            self._asked_driver = True
-            return self.call("set_trial_user_attr", trial_id, key, value)
-        own.user_attrs = {**own.user_attrs, key: value}
-        self._write_own("user_attr", key=key, value=pickle.dumps(value), pickled=True)
+        self._set_attr("user", trial_id, key, value)
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._set_attr("system", trial_id, key, value)
+
+    def _set_attr(self, kind: str, trial_id: int, key: str, value: Any) -> None:
         own = self.own
         if own is None or trial_id != own._trial_id:
             self._asked_driver = True
-            return self.call("set_trial_system_attr", trial_id, key, value)
-        own.system_attrs = {**own.system_attrs, key: value}
-        self._write_own("system_attr", key=key, value=pickle.dumps(value), pickled=True)
+            return self.call(f"set_trial_{kind}_attr", trial_id, key, value)
+        attrs = f"{kind}_attrs"
+        setattr(own, attrs, {**getattr(own, attrs), key: value})
+        self._write_own(f"{kind}_attr", key=key, value=pickle.dumps(value), pickled=True)
