@@ -165,7 +165,6 @@ def test_a_gang_trial_reads_its_study_and_keeps_its_system_attributes(client: ob
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     assert all(t.system_attrs["constraints:c"] == -1.0 for t in trials)
-    assert trials[0].user_attrs["seen-0"] == ["gang", 0]  # rank 0's attributes
     assert {t.user_attrs["seen-0"][0] for t in trials} == {"gang"}
     assert max(t.user_attrs["seen-0"][1] for t in trials) >= 1  # later ones see earlier ones
 
