@@ -148,3 +148,23 @@ def test_a_detached_script_runs_and_its_output_is_in_its_logs(tmp_path: Path) ->
     assert _clusterkit(tmp_path, "runs", "wait", run_id).returncode == 0
     logs = _clusterkit(tmp_path, "runs", "logs", run_id).stdout
     assert "Number of finished trials: 7" in logs
+
+
+def test_a_samplers_function_defined_in_the_script_reaches_the_workers(tmp_path: Path) -> None:
+    """As Optuna's ``quadratic_constraint.py`` writes it: the sampler holds a function of the
+    script's ``__main__`` (its ``constraints_func``), which the workers cannot import."""
+    (tmp_path / "constrained_tpe.py").write_text(
+        "import optuna\n"
+        "def objective(trial):\n"
+        "    return trial.suggest_float('x', -1, 1) ** 2\n"
+        "def constraints(trial):\n"
+        "    return (trial.params['x'] - 0.5,)\n"
+        "if __name__ == '__main__':\n"
+        "    study = optuna.create_study(sampler=optuna.samplers.TPESampler(\n"
+        "        constraints_func=constraints, n_startup_trials=2))\n"
+        "    study.optimize(objective, n_trials=6)\n"
+        "    print('constrained:', sum('constraints' in t.system_attrs for t in study.trials))\n"
+    )
+    done = _clusterkit(tmp_path, "hpo", "constrained_tpe.py", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "constrained: 6" in done.stdout

@@ -84,7 +84,9 @@ class StudySide:
             sampler.reseed_rng()
         self._sampler_out = True
         self._carried = (number, key) if alone else None
-        return pickle.dumps(sampler)
+        import cloudpickle  # by value what a script's __main__ defines (a constraints_func)
+
+        return cloudpickle.dumps(sampler)
 
     def adopt(self, number: int, key: str, blob: bytes | None) -> None:
         """The sampler as the lone trial ``number`` (its task ``key``) left it: the study

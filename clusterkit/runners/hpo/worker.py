@@ -172,7 +172,7 @@ def run_trial(
         channel.close()
     record.update(_written(own), worker=channel.worker.address, start=start)
     record["end"] = time.time()
-    record["sampler"] = pickle.dumps(study.sampler) if carry else None
+    record["sampler"] = cloudpickle.dumps(study.sampler) if carry else None
     _send_result(channel, record)
     return record
 
