@@ -1,8 +1,8 @@
 """A trial's storage calls answered by the driver: what a worker cannot serve from its mirror.
 
-A worker serves its running trial's writes and the study's reads itself (:mod:`.mirror`); the
-rest of Optuna's storage (another study, a trial the objective asked or enqueued itself, the
-study's attributes set from a trial) goes to the driver's storage as one call: the method's
+A worker serves its running trial's writes and the study's trials itself (:mod:`.mirror`); the
+rest of Optuna's storage (the study's attributes, read current and set, another study, a trial
+the objective asked or enqueued itself) goes to the driver's storage as one call: the method's
 name and arguments, pickled, on the search's event topic; the answer (the value, or the
 exception Optuna's storage raised, which the worker raises again) on a scheduler Queue.
 """
