@@ -16,10 +16,10 @@ boundary. A lower layer that must reach a higher one calls a hook the higher one
 5. ``lifecycle``: the one start path, the supervisor, the control socket, spawning, hooks
 6. ``backends``: the Backend base class, each backend, and ``backends.jobqueue``'s core
    under its batch systems
-7. ``profiles``, ``schema``, ``security``, ``state``, ``siteconfig``, ``registry``,
-   ``exporters``, ``monitor``: profiles and their models, TLS, the state directory, the site's
-   Dask config, which backends exist, profile exports (Helm values, tfvars), the shaping of
-   what a scheduler reports
+7. ``profiles``, ``schema``, ``security``, ``webauth``, ``state``, ``siteconfig``,
+   ``registry``, ``exporters``, ``monitor``: profiles and their models, TLS, the web pages'
+   secret, the state directory, the site's Dask config, which backends exist, profile exports
+   (Helm values, tfvars), the shaping of what a scheduler reports
 8. ``units``, ``errors``, ``console``, ``capacity``, ``searchpath``, ``yamlmap``: the leaves
 """
 
@@ -33,6 +33,7 @@ __all__ = [
     "ClusterkitError",
     "Profile",
     "cluster",
+    "dashboard_link",
     "down",
     "get_client",
     "load_profile",
@@ -43,6 +44,7 @@ __all__ = [
 _LAZY = {
     "get_client": "clusterkit.client",
     "cluster": "clusterkit.client",
+    "dashboard_link": "clusterkit.client",
     "load_profile": "clusterkit.profiles",
     "up": "clusterkit.api",
     "down": "clusterkit.api",
@@ -53,7 +55,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from clusterkit.api import down, status, up
-    from clusterkit.client import cluster, get_client
+    from clusterkit.client import cluster, dashboard_link, get_client
     from clusterkit.errors import ClusterkitError
     from clusterkit.profiles import Profile, load_profile
 

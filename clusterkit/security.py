@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterkit.webauth import TOKEN_FILE as WEB_TOKEN_NAME
+
 if TYPE_CHECKING:
     from distributed import Security
 
@@ -36,7 +38,7 @@ ROLE_FILES = {
 }
 #: What the cluster's own processes need (never the client's key): uploaded to SSH hosts,
 #: put in a Kubernetes Secret.
-SERVER_NAMES = (CA_NAME, *ROLE_FILES["scheduler"], *ROLE_FILES["worker"])
+SERVER_NAMES = (CA_NAME, *ROLE_FILES["scheduler"], *ROLE_FILES["worker"], WEB_TOKEN_NAME)
 
 
 @dataclass
@@ -51,6 +53,8 @@ class ClusterSecurity:
     env: dict[str, str] = field(default_factory=dict)
     #: scheduler's and workers' own [certificate, key]; absent: they use the client's pair
     roles: dict[str, list[str]] = field(default_factory=dict)
+    #: the owner's secret for the cluster's web pages (``clusterkit.webauth``); None: no gate
+    web_token_file: str | None = None
 
     @property
     def scheme(self) -> str:
@@ -78,13 +82,23 @@ class ClusterSecurity:
 
     def client_only(self) -> ClusterSecurity:
         """The same security as a client sees it: no scheduler or worker keys."""
-        return ClusterSecurity(self.protocol, self.ca_file, self.cert_file, self.key_file, self.env)
+        return ClusterSecurity(
+            self.protocol,
+            self.ca_file,
+            self.cert_file,
+            self.key_file,
+            self.env,
+            web_token_file=self.web_token_file,
+        )
 
     def server_files(self) -> list[tuple[str, str]]:
         """(name, local path) of what the cluster's own processes need: CA, scheduler, worker."""
-        named = [(CA_NAME, self.ca_file)]
-        for role in ("scheduler", "worker"):
-            named += zip(ROLE_FILES[role], self.pair(role), strict=True)
+        named: list[tuple[str, str | None]] = []
+        if self.tls:
+            named.append((CA_NAME, self.ca_file))
+            for role in ("scheduler", "worker"):
+                named += zip(ROLE_FILES[role], self.pair(role), strict=True)
+        named.append((WEB_TOKEN_NAME, self.web_token_file))
         return [(name, path) for name, path in named if path]
 
     def apply_env(self) -> None:
@@ -108,7 +122,8 @@ class ClusterSecurity:
         """TLS with every party's files at their names in ``directory`` (may be a placeholder)."""
         cert, key = (f"{directory}/{n}" for n in ROLE_FILES["client"])
         roles = {r: [f"{directory}/{n}" for n in ROLE_FILES[r]] for r in ("scheduler", "worker")}
-        return cls("tls", f"{directory}/{CA_NAME}", cert, key, roles=roles)
+        token = f"{directory}/{WEB_TOKEN_NAME}"
+        return cls("tls", f"{directory}/{CA_NAME}", cert, key, roles=roles, web_token_file=token)
 
 
 def server_tls_env(directory: str) -> dict[str, str]:
@@ -192,7 +207,20 @@ def ucx_env(profile: ProfileCommon) -> dict[str, str]:
 def prepare(
     profile: ProfileCommon, directory: Path | None, hostnames: Iterable[str] = ()
 ) -> ClusterSecurity:
-    """The security of a new cluster; for TLS, a fresh CA and certificate in ``directory``."""
+    """The security of a new cluster: for TLS, a fresh CA and certificates in ``directory``;
+    with a ``directory``, a fresh secret for its web pages there too (any protocol)."""
+    security = _protocol_security(profile, directory, hostnames)
+    if directory is not None:
+        from clusterkit.webauth import write_token
+
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        security.web_token_file = str(write_token(directory))
+    return security
+
+
+def _protocol_security(
+    profile: ProfileCommon, directory: Path | None, hostnames: Iterable[str]
+) -> ClusterSecurity:
     if profile.protocol == "tls":
         if getattr(profile, "tls", None) is not None:  # an address profile brings its own files
             files = profile.tls  # type: ignore[attr-defined]

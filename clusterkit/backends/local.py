@@ -7,6 +7,7 @@ import logging
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
+from clusterkit import webauth
 from clusterkit.backends.base import Backend, Capability, Check, Requirement
 from clusterkit.backends.options import LOOPBACK, dashboard_address, ucx_flags
 from clusterkit.errors import BackendUnavailable, ClusterStartError
@@ -33,6 +34,7 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
     scheduler_kwargs: dict[str, Any] = {} if scheduler.dashboard else {"dashboard": False}
     if profile.idle_timeout:
         scheduler_kwargs["idle_timeout"] = profile.idle_timeout
+    scheduler_kwargs.update(webauth.preloads(security.web_token_file, []))
     kwargs: dict[str, Any] = {
         "n_workers": profile.workers,
         "threads_per_worker": profile.worker.threads,
@@ -52,8 +54,7 @@ def common_kwargs(profile: ClusterProfile, security: ClusterSecurity) -> dict[st
     in_processes = getattr(profile, "processes", True)  # not in this process's own threads
     preload = [QUICK_EXIT] if in_processes else []
     preload += profile.preload
-    if preload:
-        kwargs["preload"] = preload
+    kwargs.update(webauth.preloads(security.web_token_file, preload))
     if profile.env:
         kwargs["env"] = dict(profile.env)
     return {k: v for k, v in kwargs.items() if v is not None or k == "dashboard_address"}
@@ -168,6 +169,9 @@ class LocalCUDABackend(Backend):
         self, profile: LocalCUDAProfile, security: ClusterSecurity
     ) -> dict[str, Any]:
         kwargs = common_kwargs(profile, security)
+        if kwargs.pop("preload_argv", None) is not None:  # dask-cuda appends a string to it:
+            env = webauth.token_env(security.web_token_file)  # the gate's file by environment
+            kwargs["env"] = {**kwargs.get("env", {}), **env}
         if profile.workers is None:
             kwargs.pop("n_workers", None)
         kwargs.update(

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from clusterkit import state
+from clusterkit import state, webauth
 from clusterkit.errors import BadInput, ClusterkitError
 from clusterkit.runs.records import RunRecord, get, request_stop
 
@@ -78,11 +78,13 @@ def plan(profile: JobQueueProfile, record: RunRecord) -> dict[str, Any]:
     scheduler += ["--dashboard-address", spec["dashboard_address"]]
     if not spec["dashboard"]:
         scheduler.append("--no-dashboard")
+    token_file = str(webauth.write_token(folder))  # the web pages' gate, in each process
+    scheduler += ["--preload", webauth.PRELOAD]
     worker = ["--interface", profile.interface] if profile.interface else []
     worker += ["--scheduler-file", scheduler_file, "--nthreads", str(profile.worker.threads)]
     worker += ["--memory-limit", str(int(profile.memory) // profile.processes)]
     worker += ["--death-timeout", str(int(profile.death_timeout))]
-    worker += worker_args(profile, lifetime=False)
+    worker += [*worker_args(profile, lifetime=False), "--preload", webauth.PRELOAD]
     walltime = walltime_seconds(profile.walltime)
     margin = walltime - lifetime_plan(profile)[0]
     return {
@@ -92,7 +94,7 @@ def plan(profile: JobQueueProfile, record: RunRecord) -> dict[str, Any]:
         "scheduler": scheduler,
         "worker_module": GPU_WORKER if profile.worker.gpus else CPU_WORKER,
         "worker": worker,
-        "env": {**profile.env, **options_env(profile)},
+        "env": {**profile.env, **options_env(profile), **webauth.token_env(token_file)},
         "requeue": bool(getattr(profile, "requeue", False)),
         "signal_margin": int(margin),
         "job_id": None,

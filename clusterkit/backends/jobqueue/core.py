@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from clusterkit import webauth
 from clusterkit.backends.base import Backend, Capability, Check, Requirement, StatusRow
 from clusterkit.backends.jobqueue.cluster import job_ids, submit
 from clusterkit.backends.jobqueue.commands import BatchQueue, JobInfo, cancel_and_wait, tail
@@ -159,7 +160,10 @@ class JobQueueBackend(Backend):
                 interface=interface,
                 protocol=protocol,
                 security=sec,
-                scheduler_options=scheduler_options(profile),
+                scheduler_options={
+                    **scheduler_options(profile),
+                    **webauth.preloads(security.web_token_file, []),
+                },
                 name=name,
                 **kwargs,
             )

@@ -7,6 +7,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from clusterkit import webauth
 from clusterkit.backends import options
 from clusterkit.backends.options import LOOPBACK
 from clusterkit.schema import cuda
@@ -101,8 +102,14 @@ def worker_args(profile: JobQueueProfile, *, lifetime: bool = True) -> list[str]
     return args
 
 
+def gate_args(security: ClusterSecurity) -> list[str]:
+    """The worker's preload of the web pages' gate (its secret's file comes by environment:
+    the prologue exports it)."""
+    return ["--preload", webauth.PRELOAD] if security.web_token_file else []
+
+
 def _prologue(profile: JobQueueProfile, security: ClusterSecurity) -> list[str]:
-    env = {**security.env, **profile.env}
+    env = {**security.env, **webauth.token_env(security.web_token_file), **profile.env}
     if profile.worker.gpus:
         lifetime, stagger = lifetime_plan(profile)
         env["DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION"] = _seconds(lifetime)
@@ -128,7 +135,7 @@ def job_kwargs(
         "job_extra_directives": [*directives, *profile.job_extra],
         "job_script_prologue": _prologue(profile, security),
         "worker_command": GPU_WORKER if profile.worker.gpus else CPU_WORKER,
-        "worker_extra_args": worker_args(profile),
+        "worker_extra_args": worker_args(profile) + gate_args(security),
         "interface": profile.interface,
         "protocol": f"{security.scheme}://",
         "security": security.distributed(),

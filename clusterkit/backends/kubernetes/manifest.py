@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clusterkit import webauth
 from clusterkit.errors import ProfileError
 from clusterkit.schema import cuda
 from clusterkit.security import CA_NAME, ROLE_FILES, operator_http_env
@@ -21,6 +22,11 @@ SCHEDULER_PORT = 8786
 DASHBOARD_PORT = 8787
 WORKER_DASHBOARD_PORT = 8788
 TLS_MOUNT = "/etc/clusterkit/tls"
+#: The web pages' gate, carried by the cluster's Secret: the stock Dask image has no clusterkit,
+#: and Dask preloads a module from a file path as well as by name.
+GATE_FILE = "clusterkit_webauth.py"
+#: The scheduler's HTTP API, which the operator calls without the secret (scaling, retiring).
+OPERATOR_PATHS = "/api/v1/"
 #: The Kubernetes version built-in kinds are validated against (kubernetes-validate schemas).
 K8S_VERSION = "1.30.0"
 CRD_DIR = "deployment/helm/dask-kubernetes-operator/crds"
@@ -38,7 +44,10 @@ def cluster_name(name: str) -> str:
 
 
 def _env(profile: KubernetesProfile, security: ClusterSecurity) -> list[dict[str, str]]:
-    merged = {**security.env, **profile.env}
+    gate = webauth.remote_env(TLS_MOUNT if security.web_token_file else None)
+    if gate:
+        gate[webauth.OPEN_PATHS_ENV] = OPERATOR_PATHS
+    merged = {**security.env, **gate, **profile.env}
     return [{"name": key, "value": str(value)} for key, value in merged.items()]
 
 
@@ -70,8 +79,14 @@ def _tls_args(security: ClusterSecurity, role: str) -> list[str]:
     ]
 
 
+def _gate_args(security: ClusterSecurity) -> list[str]:
+    """The preload of the web pages' gate, from the Secret (its secret's file by environment)."""
+    return ["--preload", f"{TLS_MOUNT}/{GATE_FILE}"] if security.web_token_file else []
+
+
 def _tls_volume(name: str, security: ClusterSecurity) -> dict[str, Any]:
-    if not security.tls:
+    """The cluster's Secret (certificates, the web pages' secret and gate) as a volume."""
+    if not security.server_files():
         return {}
     return {
         "volumes": [{"name": "tls", "secret": {"secretName": f"{name}-tls", "defaultMode": 0o400}}],
@@ -109,7 +124,7 @@ def worker_args(
         args += ["--preload", module]
     if spec.gpus:
         args += cuda.worker_flags(profile.cuda)
-    return args + _tls_args(security, "worker")
+    return args + _tls_args(security, "worker") + _gate_args(security)
 
 
 def scheduler_args(profile: KubernetesProfile, security: ClusterSecurity) -> list[str]:
@@ -127,7 +142,7 @@ def scheduler_args(profile: KubernetesProfile, security: ClusterSecurity) -> lis
         args += ["--protocol", profile.protocol]
     for module in profile.preload:
         args += ["--preload", module]
-    return args + _tls_args(security, "scheduler")
+    return args + _tls_args(security, "scheduler") + _gate_args(security)
 
 
 def worker_spec(
@@ -297,10 +312,13 @@ def autoscaler(profile: KubernetesProfile, name: str) -> dict[str, Any] | None:
 
 
 def tls_secret(profile: KubernetesProfile, security: ClusterSecurity, name: str) -> dict[str, Any]:
-    """The scheduler's and workers' certificates as an Opaque Secret they mount (the client's
-    key never leaves the machine that made it)."""
+    """The scheduler's and workers' certificates, the web pages' secret and gate, as an Opaque
+    Secret they mount (the client's key never leaves the machine that made it)."""
     data: dict[str, str] = {}
-    for key, path in security.server_files():
+    files = security.server_files()
+    if security.web_token_file:
+        files.append((GATE_FILE, webauth.__file__))
+    for key, path in files:
         file = Path(path)
         raw = file.read_bytes() if file.is_file() else f"<{path}>".encode()
         data[key] = base64.b64encode(raw).decode()
@@ -318,7 +336,7 @@ def manifests(
 ) -> list[dict[str, Any]]:
     """Every object the cluster is made of, in creation order."""
     docs: list[dict[str, Any]] = []
-    if security.tls:
+    if security.server_files():
         docs.append(tls_secret(profile, security, name))
     docs.append(daskcluster(profile, security, name))
     docs += worker_groups(profile, security, name)

@@ -11,7 +11,6 @@ from clusterkit.backends.ssh import remote as ssh_remote
 from clusterkit.backends.ssh import spec as ssh_spec
 from clusterkit.errors import ClusterkitError, ClusterStartError
 from clusterkit.schema import SSHProfile
-from clusterkit.security import SERVER_NAMES
 
 if TYPE_CHECKING:
     from distributed.deploy.spec import SpecCluster
@@ -24,8 +23,8 @@ def render(profile: SSHProfile, security: ClusterSecurity) -> str:
     """The commands that will run on each host, with the SSH settings used to reach them."""
     plan = ssh_spec.plan(profile, security)
     plan.env[ssh_spec.MARKER_VAR] = "<cluster-id>"
-    if security.tls:
-        placeholder = f"$HOME/{ssh_spec.REMOTE_ROOT}/<cluster-id>"
+    placeholder = f"$HOME/{ssh_spec.REMOTE_ROOT}/<cluster-id>"
+    if security.server_files():
         plan.remote_dirs = {host: placeholder for host in plan.hosts}
     opts = plan.connect_options
     known = (
@@ -40,10 +39,11 @@ def render(profile: SSHProfile, security: ClusterSecurity) -> str:
         f"# ssh: port {opts['port']}, user {opts.get('username', '<current user>')}, "
         f"host keys: {known}, keys: {keys}",
     ]
-    if security.tls:
+    if security.server_files():
+        names = ", ".join(name for name, _ in security.server_files())
         lines.append(
-            f"# tls: {', '.join(SERVER_NAMES)} copied over SFTP to {placeholder} (0700, files "
-            "0600) on each host, removed when the cluster closes; the client's key stays here"
+            f"# {names} copied over SFTP to {placeholder} (0700, files 0600) on each host, "
+            "removed when the cluster closes; the client's key stays here"
         )
     for host, commands in plan.commands().items():
         lines.append(f"[{host}]")
@@ -60,7 +60,7 @@ def create_cluster(profile: SSHProfile, security: ClusterSecurity, cluster_id: s
     plan = ssh_spec.plan(profile, security, timeout=profile.start_timeout)
     plan.env[ssh_spec.MARKER_VAR] = cluster_id
     try:
-        if security.tls:
+        if security.server_files():
             plan.remote_dirs = _upload_tls(plan, cluster_id, security)
         return ClusterkitSSHCluster(plan, cluster_id, start_log, security=security.distributed())
     except Exception as error:

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clusterkit import webauth
 from clusterkit.backends import options
 from clusterkit.schema import cuda
 from clusterkit.security import server_tls_env
@@ -43,8 +44,9 @@ class Plan:
     worker_class: str
     remote_python: str
     env: dict[str, str] = field(default_factory=dict)
-    #: per host, the absolute private directory holding the cluster's TLS files (TLS only)
+    #: per host, the absolute private directory holding the cluster's TLS files and web secret
     remote_dirs: dict[str, str] = field(default_factory=dict)
+    tls: bool = False
 
     @property
     def hosts(self) -> list[str]:
@@ -55,9 +57,16 @@ class Plan:
         """Environment of the remote processes on ``host``: profile, protocol, TLS settings."""
         env = dict(self.env)
         directory = self.remote_dirs.get(host)
-        if directory is not None:
+        if directory is not None and self.tls:
             env.update(server_tls_env(directory))
+        if self.gated:
+            env.update(webauth.remote_env(directory))
         return env
+
+    @property
+    def gated(self) -> bool:
+        """Whether its processes put the web pages' gate in front of their HTTP servers."""
+        return webauth.PRELOAD in self.scheduler_options.get("preload", ())
 
     def python_command(self, host: str) -> str:
         """The remote interpreter prefixed with ``env K=V``: SSHCluster puts it verbatim in front
@@ -143,7 +152,15 @@ def scheduler_options(profile: SSHProfile, security: ClusterSecurity) -> dict[st
     host = spec.host
     if host is None and spec.interface is None:
         host = bind_address(scheduler_host(profile))
-    return {"protocol": security.scheme, **options.scheduler_options(profile, host)}
+    found = {"protocol": security.scheme, **options.scheduler_options(profile, host)}
+    return {**found, **_gate(security, [])}
+
+
+def _gate(security: ClusterSecurity, modules: list[str]) -> dict[str, Any]:
+    """The preloads of a remote process: ``modules``, then the web pages' gate (its secret's
+    copy named by environment, :meth:`Plan.remote_env`)."""
+    gate = [webauth.PRELOAD] if security.web_token_file else []
+    return {"preload": [*modules, *gate]} if modules or gate else {}
 
 
 def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) -> dict[str, Any]:
@@ -172,9 +189,7 @@ def worker_options(profile: SSHProfile, security: ClusterSecurity, host: str) ->
         opts["resources"] = " ".join(f"{name}={amount:g}" for name, amount in resources.items())
     elif resources:
         opts["resources"] = resources
-    if profile.preload:
-        opts["preload"] = list(profile.preload)
-    return opts
+    return {**opts, **_gate(security, list(profile.preload))}
 
 
 def scheduler_host(profile: SSHProfile) -> str:
@@ -196,4 +211,5 @@ def plan(profile: SSHProfile, security: ClusterSecurity, timeout: float | None =
         worker_class=CUDA_WORKER_CLASS if profile.worker.gpus else WORKER_CLASS,
         remote_python=profile.remote_python or sys.executable,
         env=env,
+        tls=security.tls,
     )
