@@ -18,7 +18,7 @@ from clusterkit.lifecycle import reap
 from clusterkit.lifecycle.up import up as up  # re-exported: the verbs' one entry point
 from clusterkit.monitor import scheduler_identity
 from clusterkit.searchpath import check_name
-from clusterkit.security import ClusterSecurity, prepare
+from clusterkit.security import WEB_TOKEN_NAME, ClusterSecurity, prepare
 from clusterkit.state import ClusterRecord
 
 if TYPE_CHECKING:
@@ -35,11 +35,13 @@ def render(profile_ref: str | os.PathLike[str] | ProfileCommon) -> str:
     profile = load_profile(profile_ref)
     backend = get_backend(profile.backend_name)
     check_capabilities(backend, profile)
-    security = ClusterSecurity(protocol=profile.protocol)
+    token = f"<cluster-dir>/{WEB_TOKEN_NAME}"  # every cluster's web pages need their secret
+    security = ClusterSecurity(protocol=profile.protocol, web_token_file=token)
     if profile.protocol == "tls":
         security = ClusterSecurity.in_directory("<cluster-dir>")
     elif profile.protocol == "ucx":
         security = prepare(profile, None)
+        security.web_token_file = token
     return backend.render(profile, security)
 
 
@@ -234,7 +236,7 @@ def status(name: str) -> dict[str, Any]:
         "name": record.name,
         "backend": record.backend,
         "address": record.address,
-        "dashboard": record.dashboard,
+        "dashboard": monitor.dashboard_link(record),
         "age": record.age,
         "mode": mode,
         "gpus_busy": busy,

@@ -28,6 +28,8 @@ FIRST_ATTEMPT = 2.0
 #: Seconds between checks that the cluster of a client that lost its scheduler still exists.
 WATCH_EVERY = 0.5
 _QUIET_AT_EXIT = False
+#: the web secret's file of the clusters this process's clients reach (by `up` or embedded)
+_WEB_TOKENS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 ProfileRef = Any  # a profile name, a path to a profile file, a loaded profile, or None
 
 
@@ -153,7 +155,25 @@ def connect(record: ClusterRecord, *, timeout: float = 30) -> Client:
                 raise
             client = attach(record, timeout=left)  # a slow scheduler: the rest of the time
     _stop_reconnecting_when_gone(client, record)
+    _remember_token(client, record.security.get("web_token_file"))
     return client
+
+
+def _remember_token(client: Client, token_file: str | None) -> None:
+    if token_file:
+        _WEB_TOKENS[client] = token_file
+
+
+def dashboard_link(client: Client | None = None) -> str | None:
+    """The Dask dashboard of ``client``'s cluster (default: the current client) as a link
+    that carries the cluster's web secret once: the page it opens keeps it in a cookie. None
+    for a cluster without a dashboard."""
+    from distributed import default_client
+
+    from clusterkit.webauth import link
+
+    client = client if client is not None else default_client()
+    return link(getattr(client, "dashboard_link", None), _WEB_TOKENS.get(client))
 
 
 def _refuses(address: str) -> bool:
@@ -212,7 +232,7 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
         return None, backend.connect(profile, prepare(profile, None), timeout=timeout)
     name = f"{profile.name}-{os.getpid()}"
     remote = Capability.REMOTE in backend.CAPABILITIES
-    directory = _certificate_dir(name, remote) if profile.protocol == "tls" else None
+    directory = _certificate_dir(name, remote)  # its certificates (TLS) and web secret
     claim = Claim(profile, name) if remote else None  # found by `ls` if this process dies
     try:
         started = start_cluster(profile, name=name, security_dir=directory, claim=claim)
@@ -230,6 +250,7 @@ def _embedded(profile_ref: ProfileRef, timeout: float) -> tuple[Any, Client]:
             claim.withdraw()
         raise
     _own(client, started, directory)
+    _remember_token(client, started.security.web_token_file)
     _quiet_scheduler_at_exit()
     notice = exposure(profile.protocol, started.address)
     if notice:

@@ -144,17 +144,27 @@ def follow(fetch: Any, interval: float = 1.0) -> Iterator[tuple[str, str]]:
         time.sleep(interval)
 
 
+def dashboard_link(record: Any) -> str | None:
+    """The recorded dashboard as a link carrying the cluster's web secret once (the page keeps
+    it in a cookie); None without a dashboard."""
+    from clusterkit.webauth import link
+
+    return link(record.dashboard, record.security.get("web_token_file"))
+
+
 def dashboard_tunnel(record: Any) -> tuple[str, str] | None:
     """For a dashboard this machine cannot open directly: (the command that opens a tunnel to
-    it, the link to use then). None when the recorded link works from here."""
+    it, the link to use then, with the web secret). None when the recorded link works here."""
     from urllib.parse import urlsplit
 
     from clusterkit.security import is_loopback
     from clusterkit.state import HOST
+    from clusterkit.webauth import link as with_secret
 
     link = urlsplit(record.dashboard)
     port = link.port or 8787
     local = f"http://localhost:{port}{link.path or '/status'}"
+    local = with_secret(local, record.security.get("web_token_file")) or local
     if record.backend == "kubernetes":
         namespace, service = record.extra.get("namespace"), record.extra.get("name")
         if namespace and service:

@@ -37,7 +37,9 @@ def up(
     if notice:
         console.warn(notice)
     if record.dashboard:
-        console.message(f"dashboard: {record.dashboard}")
+        from clusterkit.monitor import dashboard_link
+
+        console.message(f"dashboard: {dashboard_link(record)}")
     typer.echo(record.address)
     if cli.PROCESS_ENDS_WITH_COMMAND:
         # nothing is left to do: skip the teardown of what `up` imported (distributed's exit
@@ -254,13 +256,13 @@ def dashboard(
     For a dashboard this machine cannot reach directly, the tunnel to run first."""
     from clusterkit import api, console
     from clusterkit.errors import BadInput
-    from clusterkit.monitor import dashboard_tunnel
+    from clusterkit.monitor import dashboard_link, dashboard_tunnel
 
     record = api.get_record(name)
     if not record.dashboard:
         raise BadInput(f"cluster '{name}' runs without a dashboard", hint="scheduler.dashboard")
     tunnel = dashboard_tunnel(record)
-    link = record.dashboard
+    link = dashboard_link(record) or record.dashboard
     if tunnel is not None:
         command, link = tunnel
         console.message(f"the dashboard listens on {record.host} only; first run: {command}")

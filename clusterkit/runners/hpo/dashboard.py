@@ -5,6 +5,7 @@ parallel coordinates, intermediate values, the trial table. Its page polls the s
 reads the storage again, so trials appear as the driver flushes them. It has no authentication
 and writes through its API (tell, delete studies, notes, user attributes), so it is served:
 
+- behind a secret of its own (:mod:`clusterkit.webauth`), carried once by the printed link;
 - on 127.0.0.1 at a free port; a user whose browser is elsewhere gets the ssh tunnel line;
 - read-only: every request but GET and HEAD is answered 403 before optuna-dashboard sees it
   (each of its writes is a POST, PUT or DELETE);
@@ -27,6 +28,7 @@ from urllib.parse import quote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from clusterkit.errors import BadInput
+from clusterkit.webauth import Gate, guard_wsgi, new_token, with_token
 
 LOOPBACK = "127.0.0.1"
 #: The only methods passed on to optuna-dashboard; every write of its API uses another.
@@ -119,6 +121,8 @@ class StudyDashboard:
     server: WSGIServer
     study_name: str | None
     thread: threading.Thread = field(repr=False)
+    #: the secret its pages need (:mod:`clusterkit.webauth`): the printed link carries it once
+    token: str = field(default="", repr=False)
 
     @property
     def port(self) -> int:
@@ -128,7 +132,7 @@ class StudyDashboard:
     def url(self) -> str:
         """The study's page (through :func:`by_name`), or the list of studies."""
         page = BY_NAME + quote(self.study_name, safe="") if self.study_name else "/dashboard"
-        return f"http://{LOOPBACK}:{self.port}{page}"
+        return with_token(f"http://{LOOPBACK}:{self.port}{page}", self.token)
 
     def close(self) -> None:
         """Stop serving, close the socket, wait for the thread; idempotent."""
@@ -183,27 +187,31 @@ def serve(
     store = artifact_store(artifacts)
     viewer = viewer_storage(storage)
     app = read_only(by_name(optuna_dashboard.wsgi(viewer, artifact_store=store), viewer))
+    token = new_token()  # the owner's: the link printed in this process
+    app = guard_wsgi(app, Gate(token))
     server = make_server(LOOPBACK, port, app, server_class=_Server, handler_class=_QuietHandler)
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
     )
     thread.name = "clusterkit-study-dashboard"
     thread.start()
-    return StudyDashboard(server, study_name, thread)
+    return StudyDashboard(server, study_name, thread, token)
 
 
 def dask_dashboard(cluster: Any = None, client: Any = None) -> tuple[str | None, str | None]:
     """The Dask dashboard of a cluster from `up` (its record) or of ``client``'s cluster, and
     the tunnel to run first when it listens on another host (what `clusterkit dashboard`
     prints)."""
+    from clusterkit.client import dashboard_link
+    from clusterkit.monitor import dashboard_link as recorded_link
     from clusterkit.monitor import dashboard_tunnel
 
     if cluster is not None:
         if not cluster.dashboard:
             return None, None
         tunnel = dashboard_tunnel(cluster)
-        return (tunnel[1], tunnel[0]) if tunnel is not None else (cluster.dashboard, None)
-    return getattr(client, "dashboard_link", None), None
+        return (tunnel[1], tunnel[0]) if tunnel is not None else (recorded_link(cluster), None)
+    return (dashboard_link(client) if client is not None else None), None
 
 
 def links(view: StudyDashboard, cluster: Any = None, client: Any = None) -> list[str]:
