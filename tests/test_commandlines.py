@@ -224,7 +224,8 @@ def test_job_script_worker_parses(case: tuple[str, str, int], tmp_path: Path) ->
     resources = params["resources"] or ""
     assert ("GPU=1" in resources) == bool(gpus)
     if variant == "resources":
-        assert "MEM=2" in resources and tuple(params["preload"]) == ("json",)
+        assert "MEM=2" in resources
+        assert tuple(params["preload"]) == ("json", "clusterkit.webauth")  # the gate last
     if variant == "interface":
         assert params["interface"] == "lo" and params.get("host") is None
     if scheme == "tls":  # the worker's own pair, never the client's
@@ -326,7 +327,7 @@ def test_local_worker_processes_preload_the_quick_exit_first(
 ) -> None:
     text = rendered(tmp_path, backend, {"backend": backend, **extra})
     kwargs = json.loads(text.split("(**", 1)[1].rsplit(")", 1)[0])
-    assert kwargs.get("preload") == preload
+    assert kwargs.get("preload") == [*(preload or []), "clusterkit.webauth"]  # the gate last
 
 
 CUDA_CASES = [c for c in LOCAL_CASES if c[0] == "local-cuda"]
@@ -483,10 +484,17 @@ def containers(documents: list[Any]) -> Iterator[dict[str, Any]]:
 
 
 def parse_container(container: dict[str, Any]) -> tuple[str, click.Context] | None:
-    """Parse a container's dask command; None for a container that runs something else."""
+    """Parse a container's dask command; None for a container that runs something else. The
+    gate the Secret carries is read where the kubelet would mount it: here, the module itself
+    (Dask's parser imports a preload to check its arguments)."""
+    import clusterkit.webauth
+    from clusterkit.backends.kubernetes.manifest import GATE_FILE, TLS_MOUNT
+
     argv = [*container.get("command", []), *container.get("args", [])]
     if not argv or argv[0] != "dask":
         return None
+    gate = f"{TLS_MOUNT}/{GATE_FILE}"
+    argv = [clusterkit.webauth.__file__ if arg == gate else arg for arg in argv]
     ctx = parse(dask_cli(), argv[1:], "dask")
     return " ".join(argv[: 3 if argv[1] == "cuda" else 2]), ctx
 
@@ -504,6 +512,8 @@ def test_kubernetes_manifest_commands_parse(case: tuple[str, int], tmp_path: Pat
         "worker_groups": [{"name": "cpu", "workers": 1}],
     }
     documents = list(yaml.safe_load_all(rendered(tmp_path, f"k8s-{protocol}", data)))
+    for container in containers(documents):  # each Dask process puts the gate in front
+        assert "/etc/clusterkit/tls/clusterkit_webauth.py" in container["args"], container
     parsed = [p for p in map(parse_container, containers(documents)) if p]
     programs = sorted(program for program, _ in parsed)
     worker = "dask cuda worker" if gpus else "dask worker"

@@ -84,13 +84,36 @@ def _url_in(lines: list[str], label: str) -> str:
     raise AssertionError(f"no {label} line in {lines}")
 
 
-def _status(url: str, method: str = "GET", body: bytes | None = None) -> int:
-    request = urllib.request.Request(url, data=body, method=method)
+def _status(
+    url: str, method: str = "GET", body: bytes | None = None, token: str | None = None
+) -> int:
+    """The status of ``url`` as a browser gets it: redirects followed, cookies kept (the
+    printed link carries the secret once; the page keeps it in a cookie); ``token``: sent as
+    a bearer token, as Prometheus and curl do."""
+    import http.cookiejar
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with opener.open(request, timeout=30) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
         return int(error.code)
+
+
+def _secret(link: str) -> str:
+    """The secret a printed link carries."""
+    from urllib.parse import parse_qs, urlsplit
+
+    return parse_qs(urlsplit(link).query)["token"][0]
+
+
+def _read(url: str, token: str) -> bytes:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return bytes(answer.read())
 
 
 def _port_closed(port: int) -> bool:
@@ -144,6 +167,8 @@ def test_the_trial_count_rises_in_chromium_while_the_search_runs(tmp_path: Path)
             page, dask = _url_in(lines, "study dashboard"), _url_in(lines, "dask dashboard")
             assert page.startswith("http://127.0.0.1:") and "(read-only)" in "\n".join(lines)
             assert _status(dask) == 200  # the cluster's Dask dashboard, linked beside it
+            assert _status(dask.split("?")[0]) == 403  # and nothing without its secret
+            _draws_its_plots(browser, dask)
             browser.get(page)  # redirects to the study's page once the study exists
             _until(lambda: "/dashboard/studies/" in browser.current_url, browser, page)
             browser.get(browser.current_url.rstrip("/") + "/trials")
@@ -154,7 +179,9 @@ def test_the_trial_count_rises_in_chromium_while_the_search_runs(tmp_path: Path)
             port = int(page.split(":")[2].split("/")[0])
             study_id = browser.current_url.split("/studies/")[1].split("/")[0]
             api = f"http://127.0.0.1:{port}/api/studies/{study_id}"
-            assert _status(api, "DELETE") == 403 and _status(api) == 200  # still there
+            secret = _secret(page)
+            assert _status(api, "DELETE", token=secret) == 403  # read-only, even to its owner
+            assert _status(api, token=secret) == 200 and _status(api) == 403  # still there
             os.killpg(search.pid, signal.SIGINT)  # Ctrl-C: the search and its dashboard end
             search.wait(120)
             assert _port_closed(port)
@@ -163,6 +190,27 @@ def test_the_trial_count_rises_in_chromium_while_the_search_runs(tmp_path: Path)
     print(f"trial counts the page showed while the search ran: {counts}")
     assert counts[0] < counts[-1], counts
     assert (tmp_path / "dashboard.png").read_bytes().startswith(b"\x89PNG")
+
+
+#: Canvases on the page, bokeh's included: it draws inside shadow roots, which selectors miss.
+CANVASES = """
+function count(node) {
+  let found = node.tagName === "CANVAS" ? 1 : 0;
+  if (node.shadowRoot) found += count(node.shadowRoot);
+  for (const child of node.children || []) found += count(child);
+  return found;
+}
+return count(document.documentElement);
+"""
+
+
+def _draws_its_plots(browser: Any, link: str) -> None:
+    """The owner's link opens Dask's status page in Chromium, which draws its plots (bokeh's
+    canvases), not the page that says bokeh is missing."""
+    browser.get(link)
+    _until(lambda: browser.execute_script(CANVASES) >= 4, browser, f"plots at {link}")
+    assert "needs bokeh" not in browser.find_element("tag name", "body").text
+    assert "token=" not in browser.current_url  # the secret left the address bar for a cookie
 
 
 def _until(check: Any, browser: Any, what: str, timeout: float = 60.0) -> None:
@@ -233,9 +281,13 @@ def test_runs_dashboard_serves_a_run_s_study_and_refuses_every_write(tmp_path: P
         port = int(page.split(":")[2].split("/")[0])
         base = f"http://127.0.0.1:{port}"
         assert f"ssh -N -L {port}:127.0.0.1:{port} {state.HOST}" in "\n".join(lines)
-        assert _status(page) == 200 and _status(f"{base}/api/studies/0") == 200
+        secret = _secret(page)
+        assert _status(page) == 200 and _status(f"{base}/api/studies/0", token=secret) == 200
+        assert _status(f"{base}/api/studies/0") == 403  # nothing without the secret
         refused = {
-            (method, route): _status(f"{base}{route}", method, json.dumps(body or {}).encode())
+            (method, route): _status(
+                f"{base}{route}", method, json.dumps(body or {}).encode(), token=secret
+            )
             for method, route, body in WRITES
         }
         assert set(refused.values()) == {403}, refused
@@ -274,16 +326,14 @@ def test_runs_dashboard_serves_the_artifacts_trials_uploaded(tmp_path: Path) -> 
         lines = _lines_until(view, r"^dask dashboard: ", timeout=60)
         page = _url_in(lines, "study dashboard")
         base = "http://127.0.0.1:" + page.split(":")[2].split("/")[0]
-        with urllib.request.urlopen(f"{base}/api/studies/0", timeout=10) as answer:
-            detail = json.loads(answer.read())
+        detail = json.loads(_read(f"{base}/api/studies/0", _secret(page)))
         listed = {
             t["trial_id"]: [a["artifact_id"] for a in t["artifacts"]] for t in detail["trials"]
         }
         assert listed == {trial_id: [artifact] for trial_id, artifact in ids.items()}
         for trial in study.trials:
             url = f"{base}/artifacts/0/{trial._trial_id}/{ids[trial._trial_id]}"
-            with urllib.request.urlopen(url, timeout=10) as answer:
-                assert answer.read().decode() == f"trial {trial.number}"
+            assert _read(url, _secret(page)).decode() == f"trial {trial.number}"
 
 
 def test_runs_dashboard_of_a_training_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -322,7 +372,7 @@ def test_the_dask_dashboard_of_a_cluster_on_another_host_comes_with_its_tunnel(
     with serve(path, "done") as view:
         shown = links(view, cluster=far)
     assert shown == [
-        f"study dashboard: http://127.0.0.1:{view.port}/study/done (read-only)",
+        f"study dashboard: http://127.0.0.1:{view.port}/study/done?token={view.token} (read-only)",
         "dask dashboard: http://localhost:8790/status "
         "(first run: ssh -N -L 8790:127.0.0.1:8790 login7)",
     ]
