@@ -142,7 +142,7 @@ def test_manifests_valid(case: str, tmp_path: Path) -> None:
     kinds = sorted(d["kind"] for d in docs)
     operator = case.startswith("operator")
     expected = ["DaskCluster"] if operator else ["Deployment", "Deployment", "Service"]
-    expected += ["NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "Pod"]
+    expected += ["NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "Pod", "Secret"]  # web
     if values.get("protocol", "tls") == "tls":
         expected += ["Role"] + (["RoleBinding"] if "clientReaders" in values.get("tls", {}) else [])
         if not values.get("tls", {}).get("secretName"):
@@ -193,7 +193,8 @@ def test_default_requires_tls_from_generated_secrets(tmp_path: Path) -> None:
     mounted = {}
     for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Pod")]:
         name = doc["metadata"]["name"]
-        (volume,) = [v for v in pod_spec(doc)["volumes"] if "secret" in v]
+        volumes = [v for v in pod_spec(doc)["volumes"] if "secret" in v and v["name"] != "web"]
+        (volume,) = volumes  # beside it, the web pages' secret (test_every_dask_process_...)
         assert volume["secret"]["defaultMode"] == 0o400, name
         mounted[name] = volume["secret"]["secretName"]
         (mount,) = [m for m in container(doc)["volumeMounts"] if m["name"] == volume["name"]]
@@ -247,6 +248,7 @@ def test_generated_ca_signs_a_certificate_per_component(tmp_path: Path) -> None:
 
     docs = render(tmp_path, {})
     secrets = {s["metadata"]["name"]: s for s in by_kind(docs, "Secret")}
+    assert secrets.pop("demo-web")["type"] == "Opaque"  # the web pages' secret (no key)
     assert sorted(secrets) == sorted(GENERATED_SECRETS)
     assert all(s["type"] == "kubernetes.io/tls" for s in secrets.values())
     ca_files = secret_files(secrets.pop("demo-ca"))
@@ -326,11 +328,13 @@ def test_tcp_still_renders(tmp_path: Path) -> None:
         r for r in named(docs, "NetworkPolicy", "demo-scheduler")["spec"]["ingress"] if "ports" in r
     )
     assert client_rule["from"] == [{"podSelector": {}}]
-    assert by_kind(docs, "Secret") == [] and by_kind(docs, "Role") == []
+    assert [s["metadata"]["name"] for s in by_kind(docs, "Secret")] == ["demo-web"]
+    assert by_kind(docs, "Role") == []
     for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Pod")]:
         c = container(doc)
         assert "--tls-key" not in c.get("args", []), doc["metadata"]["name"]
-        assert not [v for v in pod_spec(doc)["volumes"] if "secret" in v]
+        secrets = [v["secret"]["secretName"] for v in pod_spec(doc)["volumes"] if "secret" in v]
+        assert secrets in ([], ["demo-web"])  # no certificate: the web pages' secret at most
         assert "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION" not in {e["name"] for e in c["env"]}
     worker = named(docs, "Deployment", "demo-worker")
     assert container(worker)["args"][2] == "tcp://demo-scheduler.dask.svc.cluster.local:8786"
@@ -361,7 +365,8 @@ def test_tls_mounts_the_secret_everywhere(tmp_path: Path) -> None:
     for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Pod")]:
         spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
         secrets = [v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v]
-        assert secrets == ["dask-tls"], doc["metadata"]["name"]
+        web = ["demo-web"] if doc["kind"] == "Deployment" else []  # the test pod needs none
+        assert secrets == ["dask-tls", *web], doc["metadata"]["name"]
     for deployment in by_kind(docs, "Deployment"):
         args = container(deployment)["args"]
         assert args[args.index("--tls-ca-file") + 1] == "/etc/dask/tls/ca.crt"
@@ -507,6 +512,23 @@ def stranger_files(directory: Path) -> Path:
     return directory
 
 
+def web_gate(secrets: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
+    """The scheduler's preload as the chart's pods run it: the gate and the secret from the
+    release's web Secret, mounted (here: written) where its environment names them."""
+    web = [s for s in secrets if s["metadata"]["name"].endswith("-web")]
+    if not web:
+        return {}
+    mount = tmp_path / "volumes" / "web"
+    mount.mkdir(parents=True, mode=0o700)
+    for key, content in secret_files(web[0]).items():
+        (mount / key).write_bytes(content)
+    token = str(mount / "token")
+    return {
+        "preload": [str(mount / "clusterkit_webauth.py")],
+        "preload_argv": ["--token-file", token],
+    }
+
+
 def run_test_pod(
     pod: dict[str, Any],
     secrets: list[dict[str, Any]],
@@ -556,9 +578,12 @@ def run_test_pod(
         protocol=protocol,
         security=security,
         dashboard_address=":0",
+        scheduler_kwargs=web_gate(secrets, tmp_path),
     ) as cluster:
         assert cluster.scheduler_address.startswith(f"{protocol}://")
         env["SCHEDULER_ADDRESS"] = cluster.scheduler_address
+        if "DASHBOARD_URL" in env:  # the Service's dashboard: this scheduler's
+            env["DASHBOARD_URL"] = cluster.dashboard_link
         env["TEST_TIMEOUT"] = "30"
         if stranger and protocol == "tls":
             outsider = {
@@ -596,6 +621,45 @@ def test_helm_test_pod_connects_and_runs_a_task(protocol: str, tmp_path: Path) -
     assert env["SCHEDULER_ADDRESS"] == f"{protocol}://demo-scheduler.dask.svc.cluster.local:8786"
     output = run_test_pod(pod, by_kind(docs, "Secret"), tmp_path, stranger=True)
     assert "ok: 1 worker(s)" in output
+    assert "ok: the dashboard Service refuses a request without the secret" in output
+
+
+def test_every_dask_process_preloads_the_web_gate_from_its_secret(tmp_path: Path) -> None:
+    """webAuth (the default): scheduler and workers preload the gate the web Secret carries
+    (the package's own module, byte for byte), with the token's file by environment."""
+    import clusterkit.webauth
+
+    docs = render(tmp_path, {})
+    web = named(docs, "Secret", "demo-web")
+    files = secret_files(web)
+    assert files["clusterkit_webauth.py"] == Path(clusterkit.webauth.__file__).read_bytes()
+    assert len(files["token"]) == 43 and files["token"].isalnum()
+    for doc in by_kind(docs, "Deployment"):
+        c = container(doc)
+        assert "/etc/clusterkit/web/clusterkit_webauth.py" in c["args"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["CLUSTERKIT_WEB_TOKEN_FILE"] == "/etc/clusterkit/web/token"
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        assert volumes["web"]["secret"]["secretName"] == "demo-web"
+    assert not [
+        s
+        for s in by_kind(render(tmp_path, {"webAuth": {"enabled": False}}), "Secret")
+        if s["metadata"]["name"] == "demo-web"
+    ]
+
+
+def test_service_monitor_scrapes_metrics_with_the_web_secret(tmp_path: Path) -> None:
+    docs = render(
+        tmp_path, {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kp"}}}}
+    )
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] == "http-dashboard"
+    assert endpoint["bearerTokenSecret"] == {"name": "demo-web", "key": "token"}
+    assert monitor["metadata"]["labels"]["release"] == "kp"
+    (service,) = by_kind(docs, "Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
 
 
 def test_checkov_chart_has_no_failed_checks() -> None:
@@ -798,6 +862,7 @@ def test_helm_install_upgrade_keeps_certificates_and_helm_test_passes(
     install = helm("install", "demo", str(CHART), *kube)
     assert "Secret dask/demo-client-tls" in install.stdout
     before = {name: api_server.get(f"{secrets}/{name}")["data"] for name in GENERATED_SECRETS}
+    web_before = api_server.get(f"{secrets}/demo-web")["data"]["token"]
 
     values = write_values(tmp_path, {"worker": {"replicas": 3}})
     helm("upgrade", "demo", str(CHART), *kube, "-f", str(values))
@@ -835,10 +900,12 @@ def test_helm_install_upgrade_keeps_certificates_and_helm_test_passes(
         mounted = [v["secret"]["secretName"] for v in pod_spec(pod)["volumes"] if "secret" in v]
         assert mounted == ["demo-client-tls"]
         stored = api_server.get(secrets)["items"]
-        output = run_test_pod(
-            pod, [s for s in stored if s["type"] == "kubernetes.io/tls"], tmp_path
-        )
+        web = api_server.get(f"{secrets}/demo-web")
+        assert web["data"]["token"] == web_before, "helm upgrade replaced the web secret"
+        mounted_by_pods = [s for s in stored if s["type"] == "kubernetes.io/tls"] + [web]
+        output = run_test_pod(pod, mounted_by_pods, tmp_path)
         assert "ok: 1 worker(s)" in output
+        assert "ok: the dashboard Service refuses a request without the secret" in output
         reply = httpx.patch(
             f"{api_server.url}{pod_path}/status",
             json={"status": {"phase": "Succeeded"}},

@@ -493,8 +493,8 @@ def parse_container(container: dict[str, Any]) -> tuple[str, click.Context] | No
     argv = [*container.get("command", []), *container.get("args", [])]
     if not argv or argv[0] != "dask":
         return None
-    gate = f"{TLS_MOUNT}/{GATE_FILE}"
-    argv = [clusterkit.webauth.__file__ if arg == gate else arg for arg in argv]
+    gates = {f"{TLS_MOUNT}/{GATE_FILE}", "/etc/clusterkit/web/clusterkit_webauth.py"}  # + chart
+    argv = [clusterkit.webauth.__file__ if arg in gates else arg for arg in argv]
     ctx = parse(dask_cli(), argv[1:], "dask")
     return " ".join(argv[: 3 if argv[1] == "cuda" else 2]), ctx
 

@@ -73,6 +73,20 @@ release's generated one. include "clusterkit.tlsSecret" (list . "scheduler"|"wor
 {{- end }}
 {{- end -}}
 
+{{/* The web pages' gate: every Dask process preloads it from the release's web Secret (the
+stock Dask image has no clusterkit); its secret's file comes by environment (clusterkit.env). */}}
+{{- define "clusterkit.gateArgs" -}}
+{{- if .Values.webAuth.enabled }}
+- --preload
+- /etc/clusterkit/web/clusterkit_webauth.py
+{{- end }}
+{{- end -}}
+
+{{/* The Secret holding the web pages' secret (key "token") and gate. */}}
+{{- define "clusterkit.webSecret" -}}
+{{- .Values.webAuth.existingSecret | default (printf "%s-web" (include "clusterkit.fullname" .)) -}}
+{{- end -}}
+
 {{- define "clusterkit.schedulerArgs" -}}
 - dask
 - scheduler
@@ -83,6 +97,7 @@ release's generated one. include "clusterkit.tlsSecret" (list . "scheduler"|"wor
 - --dashboard-address
 - {{ printf ":%v" .Values.scheduler.dashboardPort | quote }}
 {{- include "clusterkit.tlsArgs" . }}
+{{- include "clusterkit.gateArgs" . }}
 {{- range .Values.scheduler.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -131,6 +146,7 @@ release's generated one. include "clusterkit.tlsSecret" (list . "scheduler"|"wor
 - {{ . | quote }}
 {{- end }}
 {{- include "clusterkit.tlsArgs" . }}
+{{- include "clusterkit.gateArgs" . }}
 {{- range .Values.worker.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -180,6 +196,14 @@ release's generated one. include "clusterkit.tlsSecret" (list . "scheduler"|"wor
 - name: DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION
   value: "True"
 {{- end }}
+{{- if .Values.webAuth.enabled }}
+- name: CLUSTERKIT_WEB_TOKEN_FILE
+  value: /etc/clusterkit/web/token
+{{- if .Values.operator.enabled }}
+- name: CLUSTERKIT_WEB_OPEN_PATHS
+  value: /api/v1/
+{{- end }}
+{{- end }}
 {{- range $key, $value := .Values.env }}
 - name: {{ $key | quote }}
   value: {{ $value | quote }}
@@ -200,6 +224,11 @@ never args or env). include "clusterkit.volumeMounts" (dict "root" . "component"
   mountPath: /etc/dask/tls
   readOnly: true
 {{- end }}
+{{- if and .root.Values.webAuth.enabled (ne .component "test") }}
+- name: web
+  mountPath: /etc/clusterkit/web
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "clusterkit.volumes" -}}
@@ -213,6 +242,12 @@ never args or env). include "clusterkit.volumeMounts" (dict "root" . "component"
 - name: tls
   secret:
     secretName: {{ include "clusterkit.tlsSecret" (list .root (eq .component "test" | ternary "client" .component)) }}
+    defaultMode: 0400
+{{- end }}
+{{- if and .root.Values.webAuth.enabled (ne .component "test") }}
+- name: web
+  secret:
+    secretName: {{ include "clusterkit.webSecret" .root }}
     defaultMode: 0400
 {{- end }}
 {{- end -}}
@@ -262,7 +297,12 @@ Dask cluster {{ $name }} ({{ if .Values.operator.enabled }}DaskCluster for the d
 
 Scheduler: {{ include "clusterkit.schedulerAddress" . }}
 Dashboard: kubectl -n {{ $ns }} port-forward deploy/{{ $name }}-scheduler {{ .Values.scheduler.dashboardPort }}
+{{- if .Values.webAuth.enabled }}
+           then open http://localhost:{{ .Values.scheduler.dashboardPort }}/status?token=$(kubectl -n {{ $ns }} get secret {{ include "clusterkit.webSecret" . }} -o jsonpath='{.data.token}' | base64 -d)
+           (the page needs the web secret once; the browser keeps a cookie)
+{{- else }}
            then open http://localhost:{{ .Values.scheduler.dashboardPort }}
+{{- end }}
 Check:     helm test {{ .Release.Name }} -n {{ $ns }}
 {{- if eq .Values.protocol "tls" }}
 {{- $secret := include "clusterkit.tlsSecret" (list . "client") }}
