@@ -471,7 +471,7 @@ def test_notes_print_an_address_profile(tmp_path: Path) -> None:
     assert model.tls is not None and model.tls.key_file.endswith("/demo/tls.key")
     # the generated client Secret, fetched into owner-only files the profile names
     assert "Secret research/demo-client-tls" in text
-    fetch = [line.strip() for line in text.splitlines() if "get secret" in line]
+    fetch = [line.strip() for line in text.splitlines() if "get secret demo-client-tls" in line]
     assert fetch == [
         "(umask 077 && kubectl -n research get secret demo-client-tls -o jsonpath="
         f"'{{.data.{jsonpath_key}}}' | base64 -d > ~/.config/clusterkit/tls/demo/{key})"
