@@ -102,8 +102,10 @@ def test_sdist_has_real_files_only(dists: dict[str, Path]) -> None:
 WHEELHOUSE = ROOT / ".tools" / "wheelhouse"
 
 
-def test_installed_wheel_runs_from_an_empty_directory(dists: dict[str, Path]) -> None:
-    """A new venv (no system site packages), an empty cwd and home: the user's first minutes."""
+@pytest.fixture(scope="module")
+def installed(dists: dict[str, Path]) -> tuple[Path, Path, dict[str, str]]:
+    """The wheel alone (no extra) in a new venv (no system site packages); an empty cwd and
+    home: (venv, cwd, environment)."""
     base = dists["base"]
     venv = base / "venv"
     run(sys.executable, "-m", "venv", venv)
@@ -124,6 +126,14 @@ def test_installed_wheel_runs_from_an_empty_directory(dists: dict[str, Path]) ->
         CLUSTERKIT_STATE_DIR=str(base / "state"),
         CLUSTERKIT_TEST_TOKEN=os.environ["CLUSTERKIT_TEST_TOKEN"],
     )
+    return venv, empty, env
+
+
+def test_installed_wheel_runs_from_an_empty_directory(
+    installed: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """The user's first minutes: --version, profiles list, get_client() on `local`."""
+    venv, empty, env = installed
     version = run("clusterkit", "--version", cwd=empty, env=env)
     assert version.strip() == "clusterkit 0.1.0"
     rows = json.loads(run("clusterkit", "profiles", "list", "--json", cwd=empty, env=env))
@@ -142,3 +152,38 @@ def test_installed_wheel_runs_from_an_empty_directory(dists: dict[str, Path]) ->
     total, module = run(venv / "bin" / "python", "-c", script, cwd=empty, env=env).split()[-2:]
     assert total == "6"
     assert Path(module).resolve().is_relative_to(site.resolve())
+
+
+def test_the_dashboard_a_plain_install_prints_draws_and_needs_its_secret(
+    installed: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """`clusterkit up` from the wheel with no extra prints a link whose page is Dask's status
+    page with its plots (bokeh comes with the base install), not "Dask needs bokeh"; without
+    the link's secret the page is refused; /metrics answers the secret as a bearer token."""
+    import http.cookiejar
+    import urllib.error
+    import urllib.request
+
+    _venv, empty, env = installed
+    up = run("clusterkit", "up", "local", "--name", "plain", cwd=empty, env=env)
+    try:
+        up_lines = subprocess.run(
+            ["clusterkit", "status", "plain"], cwd=empty, env=env, capture_output=True, text=True
+        )
+        link = next(w for w in (up + up_lines.stdout).split() if "?token=" in w).rstrip(",")
+        opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+        )
+        with opener.open(link, timeout=30) as page:
+            html = page.read().decode()
+        assert "bokeh.min.js" in html and "needs bokeh" not in html, html[:500]
+        bare, _, secret = link.partition("?token=")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bare, timeout=30)
+        assert refused.value.code == 403
+        metrics = bare.rsplit("/", 1)[0] + "/metrics"
+        asked = urllib.request.Request(metrics, headers={"Authorization": f"Bearer {secret}"})
+        with urllib.request.urlopen(asked, timeout=30) as answer:
+            assert b"dask_scheduler_workers" in answer.read()
+    finally:
+        run("clusterkit", "down", "plain", cwd=empty, env=env)
