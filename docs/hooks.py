@@ -69,7 +69,10 @@ def command_section(path: tuple[str, ...], command: Any, missing: list[str]) -> 
     lines += [text.replace("\b\n", ""), ""] if text else []
     rows = []
     for param in command.params:
-        if getattr(param, "hidden", False) or param.name in ("install_completion", "show_completion"):
+        if getattr(param, "hidden", False) or param.name in (
+            "install_completion",
+            "show_completion",
+        ):
             continue
         names = ", ".join(f"`{n}`" for n in (*param.opts, *param.secondary_opts))
         if param.param_type_name == "argument":
