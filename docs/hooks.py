@@ -58,11 +58,8 @@ def walk(command: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any
 
 
 def command_section(path: tuple[str, ...], command: Any, missing: list[str]) -> list[str]:
-    import click
-
     name = " ".join(("clusterkit", *path))
-    ctx = click.Context(command, info_name=name)
-    lines = [f"## `{name}`", "", f"`{command.get_usage(ctx).removeprefix('Usage: ')}`", ""]
+    lines = [f"## `{name}`", "", f"`{usage(name, command)}`", ""]
     text = (command.help or "").strip()
     if path and not text:
         missing.append(f"`{name}` (the command)")
@@ -76,7 +73,7 @@ def command_section(path: tuple[str, ...], command: Any, missing: list[str]) -> 
             continue
         names = ", ".join(f"`{n}`" for n in (*param.opts, *param.secondary_opts))
         if param.param_type_name == "argument":
-            names = f"`{(param.metavar or param.name).upper()}`"
+            names = f"`{argument_name(param)}`"
         help_text = " ".join((getattr(param, "help", None) or "").split())
         if not help_text:
             missing.append(f"`{name}` {names}")
@@ -84,14 +81,34 @@ def command_section(path: tuple[str, ...], command: Any, missing: list[str]) -> 
         shown = "" if default in (None, False, (), []) else f"`{default}`"
         kind = "argument" if param.param_type_name == "argument" else "option"
         required = " (required)" if param.required else ""
-        rows.append(f"| {names} | {kind}{required} | {shown} | {escape(help_text)} |")
+        rows.append(f"| {escape(names)} | {kind}{required} | {shown} | {escape(help_text)} |")
     if rows:
         lines += ["| name | kind | default | help |", "| --- | --- | --- | --- |", *rows, ""]
     return lines
 
 
+def argument_name(param: Any) -> str:
+    return param.metavar or (param.name or "").upper()
+
+
+def usage(name: str, command: Any) -> str:
+    """``clusterkit up [OPTIONS] NAME``: the command's synopsis, arguments by their metavar."""
+    words = [name, "[OPTIONS]"]
+    for param in command.params:
+        if param.param_type_name == "argument":
+            word = argument_name(param) + ("..." if param.nargs == -1 else "")
+            words.append(word if param.required else f"[{word}]")
+    if getattr(command, "commands", None):
+        words.append("COMMAND [ARGS]...")
+    return " ".join(words)
+
+
 def escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("<", "&lt;")
+    """Text for a table cell: outside `code`, a pipe would split the cell and <x> be a tag."""
+    parts = text.split("`")
+    outside = (p.replace("|", "\\|").replace("<", "&lt;") for p in parts[::2])
+    parts[::2] = list(outside)
+    return "`".join(parts)
 
 
 # ------------------------------------------------------------------ the profile fields
