@@ -136,7 +136,9 @@ def profile_page() -> str:
         "Grid Engine and HTCondor the site's Dask config key that fills it when the profile",
         "leaves it unset (`clusterkit profiles render NAME --explain` shows where each value came",
         "from). A field with two rows means two things on different backends. Every profile may",
-        "also name `extends`: another profile it builds on (this file wins).",
+        "also name `extends`: another profile it builds on (this file wins). A `Size` is bytes or",
+        "a string such as `24GiB`, a `Duration` seconds or a string such as `90s` or `5m`, a",
+        "`Walltime` `HH:MM:SS` (`clusterkit/units.py`).",
         "",
         "| field | type | default | backends | Dask config key | what it is |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -145,16 +147,24 @@ def profile_page() -> str:
     backends = " \\| ".join(f"`{name}`" for name in order)  # one row, not one per backend
     out.append(f"| `backend` | one of {backends} | required | all | | the system that runs it |")
     fields.pop("backend")
-    for path in sorted(fields, key=lambda p: (p.count("."), p)):
+    for path in sorted(fields):
         for (type_, default, description), backends in fields[path].items():
             names = sorted(backends, key=order.index)
-            shown = "all" if len(names) == len(order) else ", ".join(names)
+            shown = backend_list(names, order)
             key = "<br>".join(f"`{k}`" for b in names for k in keys.get((b, path), []))
             out.append(
                 f"| `{path}` | {escape(type_)} | {default} | {shown} | {key} "
                 f"| {escape(description)} |"
             )
     return "\n".join(out) + "\n"
+
+
+def backend_list(names: list[str], order: list[str]) -> str:
+    """``all``, ``all but address``, or the names."""
+    left_out = [name for name in order if name not in names]
+    if not left_out:
+        return "all"
+    return f"all but {', '.join(left_out)}" if len(left_out) <= 2 else ", ".join(names)
 
 
 def config_keys(siteconfig: Any) -> dict[tuple[str, str], list[str]]:
@@ -179,14 +189,32 @@ def model_rows(model: Any, prefix: str) -> list[tuple[str, tuple[str, str, str]]
             default = f"`{info.default_factory()!r}`"  # type: ignore[call-arg]
         elif info.default is PydanticUndefined:
             default = "required"
+        elif isinstance(info.default, BaseModel):
+            default = "its fields'"  # listed below it, with their own defaults
         else:
             default = f"`{info.default!r}`"
         description = " ".join((info.description or "").split())
-        rows.append((path, (type_name(info.annotation), default, description)))
+        alias = unit_alias(info)
+        if alias == "Size" and isinstance(info.default, int):
+            default = f"`{info.default}` ({info.default / 2**30:g} GiB)"
+        type_ = f"`{alias}`" if alias else type_name(info.annotation)
+        rows.append((path, (type_, default, description)))
         for sub in nested_models(info.annotation):
             if isinstance(sub, type) and issubclass(sub, BaseModel):
                 rows += model_rows(sub, f"{path}.")
     return rows
+
+
+def unit_alias(info: Any) -> str | None:
+    """``Size``, ``Duration`` or ``Walltime`` where pydantic stripped the alias to its base
+    type and kept its validators in the field's metadata (``memory: Size`` reads ``int``)."""
+    from clusterkit import units
+
+    for alias in ("Size", "Duration", "Walltime"):
+        extra = typing.get_args(getattr(units, alias))[1:]
+        if extra and all(item in info.metadata for item in extra):
+            return alias
+    return None
 
 
 def nested_models(annotation: Any) -> list[Any]:
@@ -198,9 +226,25 @@ def nested_models(annotation: Any) -> list[Any]:
 
 
 def type_name(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    text = text or repr(annotation)
-    for noise in ("typing.", "clusterkit.schema.common.", "clusterkit.schema.backends."):
-        text = text.replace(noise, "")
-    text = text.replace("clusterkit.schema.cuda.", "").replace("clusterkit.units.", "")
-    return f"`{text}`"
+    return f"`{type_text(annotation)}`"
+
+
+def type_text(annotation: Any) -> str:
+    """``Size | None``, ``list[str]``, ``'gres' | 'gpus-per-task'``: as a profile reads it."""
+    from clusterkit import units
+
+    for alias in ("Size", "Duration", "Walltime", "Port"):  # sizes, durations: see units.py
+        if annotation == getattr(units, alias):
+            return alias
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is typing.Union or type(annotation).__name__ == "UnionType":
+        return " | ".join(type_text(a) for a in args)
+    if origin is typing.Annotated:
+        return type_text(args[0])
+    if origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(type_text(a) for a in args)}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", repr(annotation))
