@@ -35,6 +35,7 @@ TIERS = (
     "chart",
     "terraform",
     "chaos",
+    "docs",
     "gpu",
 )
 TOKEN_VAR = "CLUSTERKIT_TEST_TOKEN"

@@ -1,11 +1,14 @@
-"""The README is executed: a README example that does not work fails CI.
+"""The README and the manual (``docs/**/*.md``) are executed: an example that does not work
+fails CI.
 
 Every ``clusterkit ...`` command (fenced or inline, and in the examples' docstrings) must name
 real commands and options; those that run here without a cluster do run. Python blocks compile,
 name profiles that exist and call the API with arguments its signatures take; the ones that can
 run here run. YAML profiles validate against the JSON Schema and load; `helm install` lines are
 rendered with `helm template`. A fenced shell line of a kind this file does not know fails, so a
-new README command cannot go unchecked.
+new command cannot go unchecked. Every shell and Python block either runs here or carries, on
+the line before it, ``<!-- not run: REASON -->`` or ``<!-- tier: TIER -->`` (the test tier that
+covers what it shows).
 """
 
 from __future__ import annotations
@@ -31,12 +34,32 @@ from clusterkit.cli import app, main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+#: The README and every page of the manual, by path.
+PAGES = {
+    "README.md": README,
+    **{str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "docs").rglob("*.md"))},
+}
+TEXT = "\n".join(PAGES.values())
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-BLOCKS = [(m[1], m[2]) for m in FENCE.finditer(README)]
-PROSE = FENCE.sub("", README)
+#: ``<!-- not run: REASON -->`` or ``<!-- tier: TIER -->`` on the line before a block.
+MARK = re.compile(r"<!-- (not run|tier): *(.*?) *-->\n$")
+
+
+def fenced(page: str, text: str) -> list[tuple[str, str, str, tuple[str, str] | None]]:
+    """(page, language, text, its mark) of each fenced block of a page."""
+    found = []
+    for m in FENCE.finditer(text):
+        mark = MARK.search(text[: m.start()])
+        found.append((page, m[1], m[2], (mark[1], mark[2]) if mark else None))
+    return found
+
+
+CODE = [block for page, text in PAGES.items() for block in fenced(page, text)]
+BLOCKS = [(language, text) for _, language, text, _ in CODE]
+PROSE = FENCE.sub("", TEXT)
 BUNDLED = {p.stem for p in (ROOT / "profiles").glob("*.yaml")}
-#: Profiles the README tells the reader to save (~/.config/clusterkit/profiles/NAME.yaml).
-SAVED = set(re.findall(r"~/\.config/clusterkit/profiles/([\w.-]+)\.yaml", README))
+#: Profiles the manual tells the reader to save (~/.config/clusterkit/profiles/NAME.yaml).
+SAVED = set(re.findall(r"~/\.config/clusterkit/profiles/([\w.-]+)\.yaml", TEXT))
 #: Shell lines checked elsewhere or needing what CI does not have, and why.
 NOT_RUN = {
     "kubectl ": "needs a Kubernetes cluster (the chart tier validates the manifests)",
@@ -53,10 +76,19 @@ pytestmark = pytest.mark.unit
 
 
 def shell_lines(text: str) -> list[str]:
-    """Lines of a shell block, continuations joined, comments and blanks dropped."""
+    """Lines of a shell block, continuations joined, comments, blanks and a leading
+    ``cd DIR &&`` (a folder of this checkout) dropped."""
     joined = re.sub(r"\\\n\s*", " ", text)
     lines = [line.split(" #")[0].strip() for line in joined.splitlines()]
-    return [line for line in lines if line and not line.startswith("#")]
+    found = []
+    for line in lines:
+        where = re.match(r"cd (\S+) && ", line)
+        if where:
+            assert (ROOT / where[1]).is_dir(), f"`{line}`: no folder {where[1]}"
+            line = line[where.end() :]
+        if line and not line.startswith("#"):
+            found.append(line)
+    return found
 
 
 def example_commands() -> list[str]:
@@ -70,11 +102,12 @@ def example_commands() -> list[str]:
     return found
 
 
-def clusterkit_commands() -> list[str]:
-    """Every `clusterkit ...` command in the README (fenced and inline) and the examples."""
+def clusterkit_commands(marked: bool = True) -> list[str]:
+    """Every `clusterkit ...` command in the manual (fenced and inline) and the examples;
+    without ``marked``, not those of blocks marked as not run here."""
     commands = [c for c in re.findall(r"`(clusterkit(?: [^`]+)?)`", PROSE) if " " in c]
-    for language, text in BLOCKS:
-        if language in ("bash", ""):
+    for _, language, text, mark in CODE:
+        if language in ("bash", "") and (marked or mark is None):
             commands += [
                 line.removeprefix("$ ")
                 for line in shell_lines(text)
@@ -97,7 +130,7 @@ def resolve(words: list[str]) -> tuple[Any, list[str], list[str]]:
         names = words[0].split("|")  # a synopsis line: list|show NAME|...
         for name in names:
             assert name in command.commands or not name.isidentifier(), (
-                f"README names `clusterkit {' '.join([*path, name])}`, which does not exist"
+                f"the manual names `clusterkit {' '.join([*path, name])}`, which does not exist"
             )
         if len(names) > 1:
             return command, path, words
@@ -125,7 +158,7 @@ def words_of(command_line: str) -> list[str]:
 def test_command_names_real_commands_and_options(line: str) -> None:
     command, path, rest = resolve(words_of(line))
     known = options_of(command)
-    for word in rest:
+    for word in rest[: rest.index("--")] if "--" in rest else rest:  # then the script's own
         option = word.strip("[]").split("=")[0]
         if option.startswith("--") and option != "--":
             assert option in known, f"`{line}`: `clusterkit {' '.join(path)}` has no {option}"
@@ -143,17 +176,17 @@ def test_cli_synopsis_lists_every_command() -> None:
     (synopsis,) = [t for lang, t in BLOCKS if not lang and t.startswith("clusterkit profiles")]
     for path in CLI_COMMANDS:
         head = " ".join(path[:1]) if path[0] != "profiles" else "profiles"
-        assert re.search(rf"^clusterkit {head}\b", synopsis, re.M), f"README lacks {path}"
+        assert re.search(rf"^clusterkit {head}\b", synopsis, re.M), f"the CLI page lacks {path}"
     profiles_line = synopsis.splitlines()[0]
     for path in CLI_COMMANDS:
         if path[0] == "profiles":
-            assert re.search(rf"\b{path[1]}\b", profiles_line), f"README lacks {path}"
+            assert re.search(rf"\b{path[1]}\b", profiles_line), f"the CLI page lacks {path}"
 
 
 def test_documented_error_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's example of bad input prints exactly what it shows."""
+    """The manual's example of bad input prints exactly what it shows."""
     block = next(t for lang, t in BLOCKS if not lang and t.startswith("$ clusterkit"))
     command, expected = block.strip().splitlines()
     where = re.match(r"error: ([\w.-]+):(\d+): worker\.(\w+):", expected)
@@ -174,7 +207,7 @@ def runnable(line: str) -> bool:
     return not placeholder and (" ".join(words[:2]) in READ_ONLY or words == ["--version"])
 
 
-RUNNABLE = sorted({line for line in COMMANDS if runnable(line)})
+RUNNABLE = sorted({line for line in clusterkit_commands(marked=False) if runnable(line)})
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -232,12 +265,12 @@ def test_every_shell_line_is_checked() -> None:
             continue
         for line in shell_lines(text):
             known = line.startswith(("clusterkit ", "bash scripts/", "helm install "))
-            assert known or line.startswith(tuple(NOT_RUN)), f"unchecked README line: {line}"
+            assert known or line.startswith(tuple(NOT_RUN)), f"unchecked line in the manual: {line}"
 
 
 @pytest.mark.chart
 def test_helm_install_lines_render(tmp_path: Path) -> None:
-    """Each `helm install` line of the README, as `helm template` (same chart, same values)."""
+    """Each `helm install` line of the manual, as `helm template` (same chart, same values)."""
     from tests.ops import helm
 
     lines = [
@@ -257,7 +290,7 @@ def test_helm_install_lines_render(tmp_path: Path) -> None:
 
 @pytest.mark.chart
 def test_exported_values_install_with_the_chart(tmp_path: Path, capsys) -> None:
-    """The README's export, fed to the chart as it says: `helm install -f values.yaml`."""
+    """The manual's export, fed to the chart as it says: `helm install -f values.yaml`."""
     from tests.ops import helm
 
     code, out, _ = run_cli(["profiles", "render", "k8s-gpu", "--format", "helm-values"], capsys)
@@ -312,7 +345,7 @@ def test_hcl_block_uses_the_module_variables() -> None:
         for module in hcl2.loads(text)["module"]:
             for body in module.values():
                 unknown = {k for k in body if not k.startswith("__")} - declared - {"source"}
-                assert not unknown, f"README's module block sets unknown variables {unknown}"
+                assert not unknown, f"the manual's module block sets unknown variables {unknown}"
 
 
 # ------------------------------------------------------------------ Python blocks
@@ -329,6 +362,10 @@ def undefined_names(tree: ast.AST) -> set[str]:
             defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             defined.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return used - defined
 
@@ -344,7 +381,7 @@ def api_target(call: ast.Call, aliases: dict[str, str]) -> Any | None:
     return getattr(importlib.import_module(module), func.attr)
 
 
-PRELUDE = "import clusterkit\n"  # what the README's first Python block imports, for the rest
+PRELUDE = "import clusterkit\n"  # what a page's first Python block imports, for the rest
 
 
 def aliases_of(tree: ast.AST) -> dict[str, str]:
@@ -379,10 +416,10 @@ def test_python_block_calls_the_api_correctly(text: str) -> None:
         calls += 1
         args = [None] * len(call.args)
         kwargs = {k.arg: None for k in call.keywords if k.arg}
-        inspect.signature(target).bind(*args, **kwargs)  # TypeError: the README is wrong
+        inspect.signature(target).bind(*args, **kwargs)  # TypeError: the manual is wrong
     assert calls
     for name in profiles_named(tree, aliases):
-        assert name in BUNDLED | SAVED, f"README uses profile {name!r}, which does not exist"
+        assert name in BUNDLED | SAVED, f"the manual uses profile {name!r}, which does not exist"
 
 
 RUNNABLE_PY = [
@@ -405,4 +442,45 @@ def test_python_block_runs(text: str, tmp_path: Path) -> None:
 
 
 def test_some_python_block_runs() -> None:
-    assert RUNNABLE_PY, "no README Python block can run here"
+    assert RUNNABLE_PY, "no Python block of the manual can run here"
+
+
+# ------------------------------------------------------------------ every block runs or says why
+
+
+def code_blocks() -> list[tuple[str, str, str, tuple[str, str] | None]]:
+    return [block for block in CODE if block[1] in ("bash", "sh", "shell", "console", "python")]
+
+
+@pytest.mark.parametrize(
+    ("page", "language", "text", "mark"),
+    code_blocks(),
+    ids=[f"{page}:{i}" for i, (page, *_) in enumerate(code_blocks())],
+)
+def test_block_runs_here_or_says_why_not(
+    page: str, language: str, text: str, mark: tuple[str, str] | None
+) -> None:
+    """A block not run by this file names why (``not run: REASON``) or the tier that covers it."""
+    from tests.conftest import TIERS
+
+    if mark is not None:
+        kind, why = mark
+        assert why, f"{page}: `<!-- {kind}: -->` without a reason, before:\n{text}"
+        if kind == "tier":
+            assert why in TIERS, f"{page}: no test tier {why!r} (tiers: {', '.join(TIERS)})"
+        return
+    assert language in ("bash", "python"), f"{page}: a {language} block: use bash or python"
+    if language == "python":
+        assert text in RUNNABLE_PY, f"{page}: this block cannot run here; mark it:\n{text}"
+    else:
+        lines = shell_lines(text)
+        assert lines and all(line in RUNNABLE for line in lines), (
+            f"{page}: a line of this block does not run here; mark the block:\n{text}"
+        )
+
+
+def test_readme_links_point_at_files() -> None:
+    """The README's relative links (GitHub renders them; mkdocs checks the site's own)."""
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
+        if "://" not in target:
+            assert (ROOT / target).is_file(), f"README links to {target}, which does not exist"

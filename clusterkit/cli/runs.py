@@ -65,7 +65,9 @@ def _restarts(row: dict[str, object]) -> str:
 
 @runs_app.command()
 def logs(
-    run_id: str = typer.Argument(..., metavar="ID"),
+    run_id: str = typer.Argument(
+        ..., metavar="ID", help="The run's ID, as `clusterkit runs` lists it."
+    ),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow until the run ends."),
     lines: int = typer.Option(None, "--lines", "-n", help="Only the last N lines first."),
 ) -> None:
@@ -79,7 +81,9 @@ def logs(
 
 @runs_app.command()
 def wait(
-    run_id: str = typer.Argument(..., metavar="ID"),
+    run_id: str = typer.Argument(
+        ..., metavar="ID", help="The run's ID, as `clusterkit runs` lists it."
+    ),
     timeout: float = typer.Option(None, "--timeout", help="Seconds to wait at most."),
 ) -> None:
     """Block until the run ends; exit with its status (0: succeeded)."""
@@ -93,7 +97,9 @@ def wait(
 
 @runs_app.command()
 def stop(
-    run_id: str = typer.Argument(..., metavar="ID"),
+    run_id: str = typer.Argument(
+        ..., metavar="ID", help="The run's ID, as `clusterkit runs` lists it."
+    ),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds before the driver is killed."),
 ) -> None:
     """Stop the driver gracefully: the study keeps every finished trial; the cluster stays."""
@@ -104,7 +110,11 @@ def stop(
 
 
 @runs_app.command()
-def resume(run_id: str = typer.Argument(..., metavar="ID")) -> None:
+def resume(
+    run_id: str = typer.Argument(
+        ..., metavar="ID", help="The run's ID, as `clusterkit runs` lists it."
+    ),
+) -> None:
     """Start a lost run again (its monitor or batch job is gone); it resumes where it was."""
     from clusterkit import console, runs
 
@@ -114,7 +124,9 @@ def resume(run_id: str = typer.Argument(..., metavar="ID")) -> None:
 
 @runs_app.command()
 def show(
-    run_id: str = typer.Argument(..., metavar="ID"),
+    run_id: str = typer.Argument(
+        ..., metavar="ID", help="The run's ID, as `clusterkit runs` lists it."
+    ),
     json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Results folder, log, driver host and pid, restarts and why; a search's hours held."""
@@ -148,7 +160,9 @@ def _results(info: dict[str, object]) -> str | None:
 
 @runs_app.command()
 def dashboard(
-    run_id: str = typer.Argument(..., metavar="ID"),
+    run_id: str = typer.Argument(
+        ..., metavar="ID", help="The run's ID, as `clusterkit runs` lists it."
+    ),
     port: int = typer.Option(0, "--port", help="Port on 127.0.0.1; 0: a free one."),
     artifacts: str = typer.Option(
         None, "--artifacts", help="The trials' artifact store: a folder or s3://BUCKET."

@@ -22,27 +22,27 @@ from clusterkit.units import Port, Walltime, walltime_seconds
 class LocalProfile(ClusterProfile):
     """Worker processes on this machine (distributed.LocalCluster)."""
 
-    backend: Literal["local"]
-    processes: bool = True
+    backend: Literal["local"] = Field(..., description="the system that runs the cluster")
+    processes: bool = Field(True, description="workers in processes; false: threads here")
 
 
 class LocalCUDAProfile(ClusterProfile):
     """One worker per GPU on this machine (dask_cuda.LocalCUDACluster)."""
 
-    backend: Literal["local-cuda"]
+    backend: Literal["local-cuda"] = Field(..., description="the system that runs the cluster")
     CUDA_CLUSTER_KEYWORDS: ClassVar[bool] = True
     workers: int | None = Field(  # type: ignore[assignment]
         None, ge=1, le=MAX_WORKERS, description="workers; unset = one per visible GPU"
     )
-    worker: WorkerSpec = WorkerSpec(gpus=1)
+    worker: WorkerSpec = Field(WorkerSpec(gpus=1), description="each worker: one GPU")
     devices: list[int] | None = Field(None, description="CUDA_VISIBLE_DEVICES, e.g. [0, 1]")
-    rmm_pool_size: Size | None = None
-    rmm_managed_memory: bool = False
-    rmm_async: bool = False
+    rmm_pool_size: Size | None = Field(None, description="RMM pool per GPU (dask-cuda)")
+    rmm_managed_memory: bool = Field(False, description="RMM managed memory (dask-cuda)")
+    rmm_async: bool = Field(False, description="RMM's async allocator (dask-cuda)")
     device_memory_limit: Size | float | None = Field(
         None, description="spill to host above this (bytes, or a fraction of the device)"
     )
-    enable_cudf_spill: bool = False
+    enable_cudf_spill: bool = Field(False, description="cuDF's own spilling (dask-cuda)")
 
     @property
     def min_workers(self) -> int:
@@ -64,18 +64,18 @@ class LocalCUDAProfile(ClusterProfile):
 class SSHProfile(ClusterProfile):
     """Workers on other machines over SSH (distributed.SSHCluster, asyncssh)."""
 
-    backend: Literal["ssh"]
+    backend: Literal["ssh"] = Field(..., description="the system that runs the cluster")
     hosts: list[str] = Field(..., min_length=1, description="worker hosts")
     scheduler_host: str | None = Field(None, description="default: the first of hosts")
-    user: str | None = None
-    port: Port = 22
-    identity_files: list[str] = Field(default_factory=list)
+    user: str | None = Field(None, description="SSH user; default: yours")
+    port: Port = Field(22, description="SSH port of the hosts")
+    identity_files: list[str] = Field(default_factory=list, description="SSH private keys to use")
     known_hosts: str | None = Field(None, description="default: ~/.ssh/known_hosts")
     strict_host_keys: bool = Field(True, description="false turns host-key checks off (warned)")
     remote_python: str | None = Field(None, description="python on the hosts; default: this one")
     workers_per_host: int = Field(1, ge=1, le=MAX_WORKERS, description="workers on each host")
     interface: str | None = Field(None, description="interface workers bind and advertise")
-    connect_timeout: Duration = 10.0
+    connect_timeout: Duration = Field(10.0, description="SSH connection timeout per host")
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="ignored: hosts x workers_per_host")
 
     @property
@@ -110,18 +110,18 @@ class JobQueueProfile(ClusterProfile):
     """
 
     queue: str | None = Field(None, description="queue or partition")
-    account: str | None = None
-    walltime: Walltime = "01:00:00"
+    account: str | None = Field(None, description="account or project charged")
+    walltime: Walltime = Field("01:00:00", description="per job, HH:MM:SS")
     cores: int = Field(1, ge=1, le=1024, description="cores per job")
     memory: Size = Field(4 * 2**30, description="memory per job")
     processes: int = Field(1, ge=1, le=256, description="worker processes per job")
     job_extra: list[str] = Field(default_factory=list, description="extra scheduler directives")
     prologue: list[str] = Field(default_factory=list, description="lines run before the worker")
     interface: str | None = Field(None, description="interface workers and scheduler use")
-    local_directory: str | None = None
-    log_directory: str | None = None
+    local_directory: str | None = Field(None, description="workers' scratch on the node")
+    log_directory: str | None = Field(None, description="where job logs go")
     lifetime: Duration | None = Field(None, description="worker lifetime; default below walltime")
-    lifetime_stagger: Duration | None = None
+    lifetime_stagger: Duration | None = Field(None, description="spread of worker lifetimes")
     lifetime_restart: bool = Field(
         False, description="restart the worker in the same job at its lifetime (not for walltime)"
     )
@@ -186,7 +186,7 @@ class JobQueueProfile(ClusterProfile):
 class SLURMProfile(JobQueueProfile):
     """Workers in SLURM jobs (dask_jobqueue.SLURMCluster)."""
 
-    backend: Literal["slurm"]
+    backend: Literal["slurm"] = Field(..., description="the system that runs the cluster")
     gpu_directive: Literal["gres", "gpus-per-task"] = Field(
         "gres", description="how a job asks for GPUs: --gres=gpu:N or --gpus-per-task=N"
     )
@@ -198,7 +198,7 @@ class SLURMProfile(JobQueueProfile):
 class PBSProfile(JobQueueProfile):
     """Workers in PBS jobs (dask_jobqueue.PBSCluster)."""
 
-    backend: Literal["pbs"]
+    backend: Literal["pbs"] = Field(..., description="the system that runs the cluster")
     resource_spec: str | None = Field(None, description="override the select=... line")
     requeue: bool = Field(
         False, description="--batch runs: requeue the job at walltime or preemption, resuming"
@@ -212,7 +212,7 @@ class SGEProfile(JobQueueProfile):
     """Workers in Grid Engine jobs (dask_jobqueue.SGECluster); ``account`` is the project
     (``-P``). Memory and GPU requests use the site's resource names."""
 
-    backend: Literal["sge"]
+    backend: Literal["sge"] = Field(..., description="the system that runs the cluster")
     parallel_environment: str | None = Field(
         None, description="PE that gives a job `cores` slots (-pe NAME cores), e.g. smp"
     )
@@ -240,7 +240,7 @@ class HTCondorProfile(JobQueueProfile):
     """Workers in HTCondor jobs (dask_jobqueue.HTCondorCluster); ``account`` is the
     accounting group; ``job_extra`` holds submit commands (``key = value``)."""
 
-    backend: Literal["htcondor"]
+    backend: Literal["htcondor"] = Field(..., description="the system that runs the cluster")
     disk: Size = Field(10 * 2**30, description="scratch disk per job (request_disk)")
 
     @model_validator(mode="after")
@@ -256,18 +256,23 @@ class HTCondorProfile(JobQueueProfile):
 
 
 class K8sResources(Strict):
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, str] = Field(default_factory=dict, description="container requests")
+    limits: dict[str, str] = Field(default_factory=dict, description="container limits")
 
 
 class WorkerGroup(Strict):
     """An extra worker group (e.g. CPU workers beside GPU workers)."""
 
-    name: str = Field(..., pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
-    workers: int = Field(1, ge=0, le=MAX_WORKERS)
-    worker: WorkerSpec = WorkerSpec()
-    image: str | None = None
-    resources: K8sResources = K8sResources()
+    name: str = Field(
+        ...,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=40,
+        description="the group's name",
+    )
+    workers: int = Field(1, ge=0, le=MAX_WORKERS, description="workers in the group")
+    worker: WorkerSpec = Field(WorkerSpec(), description="each worker of the group")
+    image: str | None = Field(None, description="unset = the profile's")
+    resources: K8sResources = Field(K8sResources(), description="each worker pod's")
     node_selector: dict[str, str] | None = Field(
         None, description="unset = the profile's; {} = none (e.g. CPU workers)"
     )
@@ -279,17 +284,25 @@ class WorkerGroup(Strict):
 class KubernetesProfile(ClusterProfile):
     """A DaskCluster resource run by the dask-kubernetes operator."""
 
-    backend: Literal["kubernetes"]
-    image: str = "ghcr.io/dask/dask:2026.7.1-py3.11"
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    backend: Literal["kubernetes"] = Field(..., description="the system that runs the cluster")
+    image: str = Field("ghcr.io/dask/dask:2026.7.1-py3.11", description="container image")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="the pods' imagePullPolicy"
+    )
+    namespace: str = Field(
+        "default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Kubernetes namespace"
+    )
     context: str | None = Field(None, description="kubeconfig context")
-    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
-    resources: K8sResources = K8sResources()
-    scheduler_resources: K8sResources = K8sResources()
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    worker_groups: list[WorkerGroup] = Field(default_factory=list)
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="the scheduler Service's type"
+    )
+    resources: K8sResources = Field(K8sResources(), description="each worker pod's")
+    scheduler_resources: K8sResources = Field(K8sResources(), description="the scheduler pod's")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="pods' nodeSelector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="pods' tolerations")
+    worker_groups: list[WorkerGroup] = Field(
+        default_factory=list, description="more worker groups beside the default one"
+    )
 
     def worker_shapes(self) -> list[tuple[int, int, float]]:
         groups = [(g.workers, g.worker.threads, float(g.worker.gpus)) for g in self.worker_groups]
@@ -299,9 +312,13 @@ class KubernetesProfile(ClusterProfile):
 class AddressProfile(ProfileCommon):
     """Attach to a scheduler that already runs (Helm, Terraform, a colleague's)."""
 
-    backend: Literal["address"]
-    address: str = Field(..., pattern=r"^(tcp|tls|ucx|ucxx|ws|wss)://[^\s/]+:\d+$")
-    tls: TLSFiles | None = None
+    backend: Literal["address"] = Field(..., description="the system that runs the cluster")
+    address: str = Field(
+        ...,
+        pattern=r"^(tcp|tls|ucx|ucxx|ws|wss)://[^\s/]+:\d+$",
+        description="the running scheduler's SCHEME://HOST:PORT",
+    )
+    tls: TLSFiles | None = Field(None, description="client certificate files, for tls://")
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="workers to wait for on attach")
     allow_plaintext: bool = Field(
         False, description="attach without TLS to a scheduler that is not on this machine"

@@ -43,14 +43,14 @@ class SchedulerSpec(Strict):
 
     host: str | None = Field(None, description="bind address; the backend's safe default if unset")
     interface: str | None = Field(None, description="network interface to bind (e.g. ib0)")
-    port: Port = 0
-    dashboard: bool = True
-    dashboard_port: Port = 0
+    port: Port = Field(0, description="scheduler port; 0 picks a free one")
+    dashboard: bool = Field(True, description="serve the Dask dashboard")
+    dashboard_port: Port = Field(0, description="dashboard port; 0 picks a free one")
 
 
 class AdaptSpec(Strict):
-    minimum: int = Field(0, ge=0, le=MAX_WORKERS)
-    maximum: int = Field(..., ge=1, le=MAX_WORKERS)
+    minimum: int = Field(0, ge=0, le=MAX_WORKERS, description="fewest workers to keep")
+    maximum: int = Field(..., ge=1, le=MAX_WORKERS, description="most workers to scale to")
 
     @model_validator(mode="after")
     def _ordered(self) -> AdaptSpec:
@@ -62,22 +62,24 @@ class AdaptSpec(Strict):
 class UCXSpec(Strict):
     """UCX transports. ``tls`` overrides UCX_TLS; unset picks a default that works on TCP hosts."""
 
-    tls: list[str] | None = None
-    nvlink: bool = False
-    infiniband: bool = False
-    rdmacm: bool = False
+    tls: list[str] | None = Field(
+        None, description="UCX_TLS transports; unset: a default for TCP hosts"
+    )
+    nvlink: bool = Field(False, description="use NVLink between GPUs of a host")
+    infiniband: bool = Field(False, description="use InfiniBand between hosts")
+    rdmacm: bool = Field(False, description="connect over RDMA CM (with infiniband)")
 
 
 class TLSFiles(Strict):
-    ca_file: str
-    cert_file: str
-    key_file: str
+    ca_file: str = Field(..., description="the CA certificate (PEM) the scheduler's is signed by")
+    cert_file: str = Field(..., description="the client certificate (PEM)")
+    key_file: str = Field(..., description="the client's private key (PEM); keep it private")
 
 
 class ProfileCommon(Strict):
     """Fields every profile has."""
 
-    description: str = ""
+    description: str = Field("", description="one line shown by `profiles list`")
     protocol: Literal["tcp", "tls", "ucx"] = Field(
         "tls",
         description="tls (default): mutual TLS with a fresh CA per cluster; tcp and ucx let "
@@ -137,15 +139,15 @@ class ClusterProfile(ProfileCommon):
     CUDA_CLUSTER_KEYWORDS: ClassVar[bool] = False
 
     workers: int = Field(2, ge=0, le=MAX_WORKERS, description="workers to start")
-    worker: WorkerSpec = WorkerSpec()
-    scheduler: SchedulerSpec = SchedulerSpec()
-    adapt: AdaptSpec | None = None
+    worker: WorkerSpec = Field(WorkerSpec(), description="what each worker process gets")
+    scheduler: SchedulerSpec = Field(SchedulerSpec(), description="where the scheduler listens")
+    adapt: AdaptSpec | None = Field(None, description="scale with the load; unset: fixed size")
     idle_timeout: Duration | None = Field(None, description="close the cluster when idle this long")
     death_timeout: Duration = Field(
         60.0, description="a worker that cannot reach its scheduler this long exits"
     )
     preload: list[str] = Field(default_factory=list, description="modules every worker preloads")
-    ucx: UCXSpec = UCXSpec()
+    ucx: UCXSpec = Field(UCXSpec(), description="UCX transports, for protocol ucx")
     cuda: dict[str, Any] = Field(
         default_factory=dict,
         description="more dask-cuda options by name (LocalCUDACluster keywords for local-cuda, "
