@@ -67,6 +67,7 @@ NOT_RUN = {
     "terraform ": "needs providers and a cluster (the terraform tier tests the modules)",
     "python -m venv": "the GPU install needs download.pytorch.org",
     ".venv/bin/pip ": "the GPU install needs download.pytorch.org",
+    "curl ": "names a live cluster's port (tests/test_web_pages.py reads /metrics this way)",
 }
 #: Commands that only read profiles: run for real.
 READ_ONLY = {"profiles list", "profiles show", "profiles validate", "profiles render"}
@@ -303,11 +304,25 @@ def test_exported_values_install_with_the_chart(tmp_path: Path, capsys) -> None:
 # ------------------------------------------------------------------ YAML and HCL blocks
 
 
+#: a YAML block of another tool's file opens with its name: `# prometheus.yml: ...`
+OTHER_TOOL = re.compile(r"# [\w.-]+\.yml: ")
+
+
+def other_tools_yaml() -> list[str]:
+    return [text for language, text in BLOCKS if language == "yaml" and OTHER_TOOL.match(text)]
+
+
+def test_other_tools_yaml_blocks_parse() -> None:
+    """A block of another tool's configuration (Prometheus') is YAML, at least."""
+    for text in other_tools_yaml():
+        assert isinstance(yaml.safe_load(text), dict), text
+
+
 def yaml_profiles() -> list[tuple[str, str]]:
     """(name, text) of each YAML block: its `# profiles/NAME.yaml` comment or a saved name."""
     found = []
     for language, text in BLOCKS:
-        if language != "yaml":
+        if language != "yaml" or OTHER_TOOL.match(text):
             continue
         named = re.match(r"# profiles/([\w.-]+)\.yaml", text)
         name = named[1] if named else next(n for n in SAVED if n in text)
