@@ -223,8 +223,27 @@ def test_status_rows_say_connected(clean: Harness, tmp_path: Path) -> None:
         assert sorted(r["state"] for r in api.status(record.name)["rows"]) == ["connected"] * 2
         # `clusterkit ls --kubernetes` sees the DaskCluster in the API
         assert "k8s-named" in {r["name"] for r in api.list_resources("kubernetes")}
+        # the pods' gate, preloaded from the cluster's Secret: no page without the secret
+        assert_web_pages_need_the_secret(record)
     finally:
         api.down(record.name)
+
+
+def assert_web_pages_need_the_secret(record: Any) -> None:
+    import urllib.error
+    import urllib.request
+
+    from clusterkit.webauth import read_token
+
+    base = record.dashboard.rsplit("/", 1)[0]
+    for page in ("/status", "/json/identity.json", "/metrics"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + page, timeout=10)
+        assert refused.value.code == 403, page
+    token = read_token(record.security["web_token_file"])
+    asked = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(asked, timeout=10) as answer:
+        assert b"dask_scheduler_workers" in answer.read()
 
 
 @pytest.mark.parametrize("path_kind", ["up", "embedded"])
