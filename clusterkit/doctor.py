@@ -30,6 +30,52 @@ def _versions() -> list[Check]:
     ]
 
 
+#: The dependencies whose release decides most of what clusterkit relies on: `doctor` names each
+#: one installed outside the range clusterkit declares (and CI tests at both ends).
+WATCHED = ("dask", "distributed", "optuna", "torch")
+
+
+def declared_ranges() -> dict[str, str]:
+    """Package -> the version range this installed clusterkit declares for it (its metadata:
+    pyproject's ranges, extras included), for the packages in ``WATCHED``."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    try:
+        declared = requires("clusterkit") or []
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        return {}
+    ranges: dict[str, str] = {}
+    for line in declared:
+        requirement = Requirement(line)
+        name = requirement.name.lower()
+        if name in WATCHED and requirement.specifier and name not in ranges:
+            ranges[name] = str(requirement.specifier)
+    return ranges
+
+
+def version_warnings(installed: dict[str, str] | None = None) -> list[str]:
+    """One line per watched package installed outside its declared range; ``installed``
+    (name -> version) stands for what importlib.metadata finds."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.specifiers import SpecifierSet
+
+    lines = []
+    for name, spec in declared_ranges().items():
+        try:
+            found = installed[name] if installed is not None else version(name)
+        except (KeyError, PackageNotFoundError):
+            continue  # not installed: the extra that needs it says so
+        if not SpecifierSet(spec).contains(found, prereleases=True):
+            lines.append(
+                f"{name} {found} is outside the range clusterkit is tested with ({name}{spec});"
+                f" pip install '{name}{spec}'"
+            )
+    return lines
+
+
 def _extras(profile: ProfileCommon) -> list[Check]:
     backend = get_backend(profile.backend_name)
     needed = [(r.module, r.package, r.extra) for r in backend.REQUIRES]

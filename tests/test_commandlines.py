@@ -212,6 +212,7 @@ def worker_line(script: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", JOBQUEUE_CASES, ids=[case_id(c) for c in JOBQUEUE_CASES])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_job_script_worker_parses(case: tuple[str, str, int], tmp_path: Path) -> None:
     backend, variant, gpus = case
     script = rendered(tmp_path, f"{backend}-{variant}", jobqueue_profile(backend, variant, gpus))
@@ -263,6 +264,7 @@ def check_lifetime(script: str, params: dict[str, Any], variant: str, gpus: int)
         assert bool(params["lifetime_restart"]) is (variant == "lifetime")
 
 
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_the_old_gpu_command_is_refused() -> None:
     """What the job scripts ran before: dask-cuda takes `worker` as the scheduler address."""
     command = python_module_command("dask_cuda.cli")
@@ -300,6 +302,7 @@ LOCAL_CASES = [
 @pytest.mark.parametrize(
     "case", LOCAL_CASES, ids=[f"{b}-{i}" for i, (b, _) in enumerate(LOCAL_CASES)]
 )
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_local_cluster_keywords_exist(case: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
     backend, extra = case
     text = rendered(tmp_path, backend, {"backend": backend, **extra})
@@ -336,6 +339,7 @@ CUDA_CASES = [c for c in LOCAL_CASES if c[0] == "local-cuda"]
 @pytest.mark.parametrize(
     "case", CUDA_CASES, ids=[f"local-cuda-{i}" for i in range(len(CUDA_CASES))]
 )
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_local_cuda_values_pass_dask_cudas_own_checks(
     case: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -371,6 +375,7 @@ def test_local_cuda_values_pass_dask_cudas_own_checks(
         asyncio.run(construct())
 
 
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_the_old_local_cuda_keyword_is_refused() -> None:
     accepted = accepted_keywords(*forwarding_chain("dask_cuda.LocalCUDACluster"))
     assert "jit_unspill" not in accepted
@@ -388,6 +393,7 @@ SSH_CASES = [
 
 
 @pytest.mark.parametrize("case", SSH_CASES, ids=[case_id(c) for c in SSH_CASES])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_ssh_commands_parse(case: tuple[str, int], tmp_path: Path) -> None:
     variant, gpus = case
     extra = dict(VARIANTS[variant])
@@ -432,6 +438,7 @@ def ssh_cuda_worker_options(tmp_path: Path, variant: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("variant", [*VARIANTS, "cuda"])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_ssh_cuda_worker_values_pass_dask_cudas_own_checks(
     variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -503,6 +510,7 @@ K8S_CASES = [(protocol, gpus) for protocol in ("tcp", "tls") for gpus in (0, 1)]
 
 
 @pytest.mark.parametrize("case", K8S_CASES, ids=[case_id(c) for c in K8S_CASES])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_kubernetes_manifest_commands_parse(case: tuple[str, int], tmp_path: Path) -> None:
     protocol, gpus = case
     data = {
@@ -536,6 +544,7 @@ CUDA_OPTIONS = {
 
 
 @pytest.mark.parametrize("backend", ["slurm", "pbs", "kubernetes"])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_cuda_options_reach_dask_cudas_own_parser(backend: str, tmp_path: Path) -> None:
     data: dict[str, Any] = {"backend": backend, "worker": {"gpus": 1}, "cuda": CUDA_OPTIONS}
     if backend != "kubernetes":
@@ -566,6 +575,7 @@ CHART_CASES = [
 
 @pytest.mark.chart
 @pytest.mark.parametrize("case", CHART_CASES, ids=[case_id(c) for c in CHART_CASES])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_chart_commands_parse(case: tuple[str, int, bool], tmp_path: Path) -> None:
     from tests.ops import documents, template, write_values
 
@@ -657,6 +667,7 @@ BATCH_CASES = [
 
 
 @pytest.mark.parametrize("case", BATCH_CASES, ids=[case_id(c) for c in BATCH_CASES])
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_batch_worker_command_parses(
     case: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -275,6 +275,7 @@ def test_help_imports_no_heavy_library() -> None:
          "`cuda:` (rmm_maximum_pool_size: ...))"),
     ],
 )
+@pytest.mark.cuda_extra  # dask-cuda's parsers: the compat tier has no cuda extra
 def test_cuda_options_are_checked_against_the_installed_dask_cuda(
     tmp_path: Path, monkeypatch, text: str, expected: str
 ) -> None:

@@ -13,15 +13,20 @@ def doctor(
     ),
     json_: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Check this machine against a profile: a pass/fail row with a fix for each check."""
+    """Check this machine against a profile: a pass/fail row with a fix for each check.
+
+    A warning line names Dask, distributed, Optuna or torch installed outside the tested range.
+    """
     from rich.text import Text
 
     from clusterkit import console
-    from clusterkit.doctor import run_checks
+    from clusterkit.doctor import run_checks, version_warnings
     from clusterkit.errors import EXIT_RUNTIME
     from clusterkit.profiles import load_profile
 
     checks = run_checks(load_profile(profile))
+    for line in version_warnings():  # stderr, one line each: the table and --json stay as they are
+        console.warn(line)
     if json_:
         console.print_json([c.__dict__ for c in checks])
     else:

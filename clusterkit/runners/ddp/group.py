@@ -184,9 +184,9 @@ def submit_ranks(
     slot), with the worker's interface environment; all in one graph, so the scheduler gets them
     in one message (a ``submit`` each: the client sends the first at once and holds the others
     for its 10 ms batching interval, and the other ranks start that much after rank 0)."""
-    from dask._task_spec import DataNode, Task
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from dask.task_spec import DataNode, Task
 
     from clusterkit.runners.ddp.worker import rank_task
 
