@@ -26,7 +26,7 @@ import yaml
 
 from clusterkit import api
 from clusterkit.backends.kubernetes import backend
-from clusterkit.backends.kubernetes.manifest import TLS_MOUNT, validate_manifest
+from clusterkit.backends.kubernetes.manifest import GATE_FILE, TLS_MOUNT, validate_manifest
 from clusterkit.client import get_client
 from clusterkit.errors import ClusterkitError, ClusterStartError, ProfileError
 from clusterkit.profiles import load_profile
@@ -168,7 +168,7 @@ def test_render_tls_and_adapt(tmp_path: Path) -> None:
     docs = {d["kind"]: d for d in yaml.safe_load_all(text)}
     assert set(docs) == {"Secret", "DaskCluster", "DaskAutoscaler"}
     # the scheduler's and workers' files; the client's key never leaves this machine
-    assert set(docs["Secret"]["data"]) == set(SERVER_NAMES)
+    assert set(docs["Secret"]["data"]) == {*SERVER_NAMES, GATE_FILE}  # + the web pages' gate
     scheduler = docs["DaskCluster"]["spec"]["scheduler"]["spec"]["containers"][0]
     assert "--tls-ca-file" in scheduler["args"] and scheduler["volumeMounts"][0]["name"] == "tls"
     assert f"{TLS_MOUNT}/scheduler-key.pem" in scheduler["args"]
