@@ -198,7 +198,6 @@ def before_env(env: dict[str, str], before: str | None) -> dict[str, str] | None
     if before is None:
         return None
     import compileall
-
     import tomllib
 
     compileall.compile_dir(str(Path(before) / "clusterkit"), quiet=1)

@@ -18,9 +18,9 @@ def _versions() -> list[Check]:
     import dask
     import distributed
 
-    ok = sys.version_info >= (3, 10)
+    ok = sys.version_info >= (3, 11)
     return [
-        Check("python", ok, platform.python_version(), fix="use Python 3.10 or newer"),
+        Check("python", ok, platform.python_version(), fix="use Python 3.11 or newer"),
         Check(
             "dask / distributed",
             dask.__version__ == distributed.__version__,

@@ -260,7 +260,7 @@ def _certificate(subject: Any, issuer: Any, public_key: Any, signer: Any, *exten
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)

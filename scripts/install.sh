@@ -12,8 +12,8 @@ CONSTRAINTS=${CONSTRAINTS-constraints/ci.txt}
 pin=()
 if [ -n "$CONSTRAINTS" ]; then pin=(-c "$CONSTRAINTS"); fi
 
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-  echo "clusterkit needs Python >= 3.10 ($PYTHON is $("$PYTHON" --version 2>&1))" >&2
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "clusterkit needs Python >= 3.11 ($PYTHON is $("$PYTHON" --version 2>&1))" >&2
   exit 1
 fi
 if [ ! -x "$VENV/bin/python" ]; then

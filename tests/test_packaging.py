@@ -81,7 +81,7 @@ def test_wheel_carries_profiles_license_and_metadata(dists: dict[str, Path]) -> 
             assert packed == (ROOT / "profiles" / f"{stem}.yaml").read_bytes()
     assert "clusterkit/py.typed" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert metadata["Requires-Python"] == ">=3.10"
+    assert metadata["Requires-Python"] == ">=3.11"
     assert metadata["License-Expression"] == "Apache-2.0"
     assert {u.split(",")[0] for u in metadata.get_all("Project-URL")} >= {"Homepage", "Source"}
     assert "Typing :: Typed" in metadata.get_all("Classifier")

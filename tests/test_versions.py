@@ -5,10 +5,10 @@ held by CI at both ends (constraints/ci.txt inside them; constraints/floor.txt a
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from typer.testing import CliRunner

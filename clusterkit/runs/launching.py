@@ -9,7 +9,6 @@ import contextlib
 import io
 import os
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from clusterkit import state
@@ -65,19 +64,8 @@ def launch(
     check_restarts(spec.kind, max_restarts)
     # a fresh interpreter: the caller may be long-lived (a notebook); its stdout: the user's
     quiet = contextlib.redirect_stdout(io.StringIO())
-    with _in_directory(spec.cwd), quiet, fresh_interpreter():
+    with contextlib.chdir(spec.cwd), quiet, fresh_interpreter():
         return detach(spec, max_restarts=max_restarts, batch=batch)
-
-
-@contextlib.contextmanager
-def _in_directory(path: str) -> Iterator[None]:
-    """``contextlib.chdir`` (Python 3.11) for 3.10: the spec's paths are relative to it."""
-    before = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def detach(spec: RunSpec, *, max_restarts: int, batch: bool, prepared: Any = None) -> str:

@@ -196,7 +196,7 @@ class Emulator(kmock.KubernetesEmulator):
         meta.setdefault("uid", str(uuid.uuid4()))
         meta["resourceVersion"] = str(next(self._versions))
         meta.setdefault("generation", 1)
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         meta.setdefault("creationTimestamp", now)
 
     def _bump_version(self, patch: Any) -> None:

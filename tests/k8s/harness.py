@@ -81,5 +81,5 @@ if __name__ == "__main__":
     patch_cluster_dns()
     try:
         asyncio.run(main(target))
-    except BaseExceptionGroup as group:  # noqa: F821 - py3.11+; kmock re-raises at exit
+    except BaseExceptionGroup as group:
         logging.getLogger("harness").warning("emulator errors: %s", group)

@@ -49,7 +49,7 @@ SERVICE_HOST = re.compile(r"^[a-z0-9-]+-scheduler\.[a-z0-9-]+(?:\.svc(?:\.cluste
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -390,7 +390,7 @@ class Kubelet:
             process.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()

@@ -53,7 +53,7 @@ def _cluster_class() -> type:
             )
             try:
                 await asyncio.wait_for(connecting, self._ck_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TimeoutError(
                     f"the scheduler of DaskCluster {self.namespace}/{self.name} did not answer "
                     f"within {self._ck_timeout:.0f}s"
