@@ -194,6 +194,7 @@ def test_status_lists_workers_in_name_order(tmp_path: Path) -> None:
     assert rows == names
 
 
+@pytest.mark.cuda_extra  # dask-cuda renders the CUDA profile: the compat tier has no cuda extra
 def test_render_honours_threads_and_every_dask_cuda_option(tmp_path: Path) -> None:
     profile = tmp_path / "gpu.yaml"
     profile.write_text(

@@ -132,12 +132,27 @@ print(json.dumps(read))
 """
 
 
+def _same_releases_as_the_s3_venv() -> None:
+    """The worker runs in the S3 venv, which 45-s3.sh builds with the project venv's Dask and
+    Optuna: a driver with other releases (the compat tier's) cannot share pickles with it."""
+    import dask
+
+    ask = "import dask, optuna; print(dask.__version__, optuna.__version__)"
+    there = subprocess.run(
+        [str(S3_VENV / "bin" / "python"), "-c", ask], capture_output=True, text=True, check=True
+    ).stdout.split()
+    here = [dask.__version__, optuna.__version__]
+    if there != here:
+        pytest.skip(f"the S3 venv has dask/optuna {there}, this interpreter {here}")
+
+
 def test_artifacts_uploaded_to_s3_on_a_worker_link_to_their_trial(tmp_path: Path) -> None:
     from distributed import Client, LocalCluster
     from optuna.artifacts import get_all_artifact_meta
 
     if not (S3_VENV / "bin" / "moto_server").exists():
         pytest.fail(f"{S3_VENV} has no moto_server: run scripts/setup/45-s3.sh")
+    _same_releases_as_the_s3_venv()
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     (tmp_path / "notes").mkdir()

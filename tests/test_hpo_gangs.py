@@ -151,7 +151,10 @@ def study_minded_ranks(trial: optuna.Trial) -> float:
     rank = os.environ["RANK"]
     finished = trial.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     trial.set_user_attr(f"seen-{rank}", [trial.study.user_attrs["tag"], len(finished)])
-    trial.set_constraint("c", -1.0)
+    if hasattr(trial, "set_constraint"):  # Optuna 5
+        trial.set_constraint("c", -1.0)
+    else:  # Optuna 4 (the compat tier's floor): the system attribute set_constraint writes
+        trial.set_system_attr("constraints:c", -1.0)
     return trial.suggest_float("x", 0.0, 1.0)
 
 

@@ -66,12 +66,19 @@ def base_transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     return str(request.param)
 
 
-def seeing_objective(offset: float, sleep: float):
+def seeing_objective(offset: float, sleep: float, gate: Path | None = None):
+    """Records what the trial's study shows; with ``gate``, a trial also waits (up to a minute)
+    for that file, so the trials in flight outlast a worker's arrival however slow it is."""
+
     def objective(trial: optuna.Trial) -> float:
         shown = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         trial.set_user_attr("seen", {str(t.number): t.value for t in shown})
         x = trial.suggest_float("x", 0.0, 1.0)
         time.sleep(sleep)
+        waited = 0.0
+        while gate is not None and not gate.exists() and waited < 60:
+            time.sleep(0.05)
+            waited += 0.05
         return offset + x
 
     return objective
@@ -110,15 +117,19 @@ def search(client: object, objective, n: int, name: str, storage=None) -> optuna
 
 @pytest.mark.local
 def test_late_joining_worker_gets_the_study(
-    cluster: object, client: object, base_transport: str
+    cluster: object, client: object, base_transport: str, tmp_path: Path
 ) -> None:
+    joined = tmp_path / "joined"
+
     def grow() -> None:
         time.sleep(1.5)
         cluster.scale(2)  # type: ignore[attr-defined]
+        client.wait_for_workers(2, timeout=120)  # type: ignore[attr-defined]
+        joined.touch()
 
     grower = threading.Thread(target=grow)
     grower.start()
-    study = search(client, seeing_objective(0.0, 0.1), 60, "late")
+    study = search(client, seeing_objective(0.0, 0.1, gate=joined), 60, "late")
     grower.join()
     workers = {t.user_attrs["ck_worker"] for t in study.get_trials()}
     assert len(workers) == 2, "the late worker ran no trial"

@@ -159,7 +159,8 @@ def test_a_search_runs_the_queued_trials_with_the_drawn_values(
         n_trials=24,
         client=two_workers,
         storage=optuna.storages.InMemoryStorage(),
-        sampler=optuna.samplers.TPESampler(seed=3, n_startup_trials=4),
+        # multivariate: Optuna 5's default; 4.x (the floor) samples independently, nothing ahead
+        sampler=optuna.samplers.TPESampler(seed=3, n_startup_trials=4, multivariate=True),
         progress=False,
         workdir=None,
     )

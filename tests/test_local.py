@@ -428,6 +428,7 @@ UCX_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cuda_extra  # distributed-ucxx: the ucx extra, a RAPIDS release (compat leaves it out)
 def test_ucx_moves_a_large_array_between_workers(tmp_path: Path) -> None:
     path = profile_file(tmp_path, "backend: local\nprotocol: ucx\nworkers: 2\n", "ucx")
     script = tmp_path / "ucx_move.py"
