@@ -22,7 +22,7 @@ ABORTED = "stopped because another rank failed"
 
 _lock = threading.Lock()
 _running: dict[str, list[subprocess.Popen[bytes]]] = {}
-_aborted: set[str] = set()
+_aborted: dict[str, float] = {}  # run attempt key -> when abort() came
 _profiler_pauses = 0
 
 
@@ -65,7 +65,7 @@ def facts_of(dask_worker: Any) -> dict[str, str | None]:
 def abort(key: str) -> int:
     """Kill this worker's rank processes of run attempt ``key`` (called through client.run)."""
     with _lock:
-        _aborted.add(key)
+        _aborted.setdefault(key, time.time())
         procs = list(_running.get(key, ()))
     for proc in procs:
         if proc.poll() is None:
@@ -157,7 +157,10 @@ def _serve(spec: dict[str, Any], child: RankProcess) -> Any:
     except RankError as error:
         if lines is not None:  # what the rank wrote before it failed comes first
             lines.drain(timeout=1.0)
-        if spec["key"] in _aborted:  # killed by the abort: the cause is another rank's
+        aborted_at = _aborted.get(spec["key"])
+        # an error from after the abort is the abort's doing (the cause is another rank's); one
+        # raised before it is a cause itself, though the abort came while it was on its way here
+        if aborted_at is not None and error.time >= aborted_at:
             raise RankError(spec["rank"], "Aborted", ABORTED, "", error.time) from None
         if topic and error.kind != "Aborted":
             output.failed(topic, error.rank, error.kind, error.message, error.traceback)
