@@ -33,7 +33,7 @@ from clusterkit import state
 from clusterkit.runners.hpo.storage import flush, open_journal
 from clusterkit.runs.records import RunRecord
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.seam]  # seam: optuna-dashboard and bokeh in a browser
 
 OBJECTIVE = """
 import time

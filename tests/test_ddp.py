@@ -194,6 +194,7 @@ def late_store_fn(ctx) -> str:
 # ---------------------------------------------------------------- tests
 
 
+@pytest.mark.seam
 def test_all_reduce_on_two_ranks(client) -> None:
     results = ddp.run(all_reduce_fn, 2.0, client=client, offset=1.0)
     assert [r["rank"] for r in results] == [0, 1]
@@ -273,6 +274,7 @@ def test_torchrun_script_reports_with_the_module_function(client, tmp_path: Path
     assert epochs == sorted(set(epochs)) and received[-1] == {"epoch": 2, "loss": 1.0 / 3}
 
 
+@pytest.mark.seam
 def test_torchrun_script_runs_unchanged(client, tmp_path: Path) -> None:
     script = tmp_path / "train_script.py"
     script.write_text(TORCHRUN_SCRIPT)
@@ -285,6 +287,7 @@ def test_torchrun_script_runs_unchanged(client, tmp_path: Path) -> None:
         assert argv0 == str(script)  # in place: the worker sees the same directory
 
 
+@pytest.mark.seam
 def test_failing_rank_stops_the_group(client) -> None:
     # rank 0 would wait forever in its collective; the group must be stopped because rank 1
     # failed (its error comes back), not because the run's timeout ran out
@@ -393,6 +396,7 @@ def test_world_size_one(client) -> None:
     assert [r["sum"] for r in results] == [4.0]
 
 
+@pytest.mark.seam
 def test_a_destroyed_group_outlives_the_users_code(client) -> None:
     # freeing a Gloo group inside the user's code can deadlock torch (ddp/teardown.py)
     assert ddp.run(destroying_fn, client=client, world_size=2) == [1, 1]
@@ -498,6 +502,7 @@ def _graphs_seen(dask_scheduler) -> list[dict]:
     return dask_scheduler.plugins[_GraphsSeen.name].graphs
 
 
+@pytest.mark.seam
 def test_a_groups_ranks_go_in_one_graph_each_pinned_to_its_slot(client) -> None:
     from distributed.diagnostics.plugin import SchedulerPlugin
 

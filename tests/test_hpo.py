@@ -21,7 +21,7 @@ from clusterkit.errors import BadInput
 from clusterkit.runners import hpo
 from clusterkit.runners.hpo.inputs import ATTR_ATTEMPTS, ATTR_ERROR, ATTR_ORPHANED, ATTR_RETRY_OF
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.seam]  # seam: the search on Optuna and Dask
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # Workers need not import this file: its functions travel by value, as a user's script does.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

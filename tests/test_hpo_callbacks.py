@@ -18,7 +18,7 @@ import pytest
 
 from clusterkit.runners import hpo
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.seam]  # seam: Optuna's callbacks and MLflow's
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -17,7 +17,8 @@ import pytest
 from clusterkit.runners import hpo
 from clusterkit.runners.hpo.inputs import ATTR_ATTEMPTS, ATTR_ERROR
 
-pytestmark = pytest.mark.local
+# seam: optuna-integration's TorchDistributedTrial on torch's process groups
+pytestmark = [pytest.mark.local, pytest.mark.seam]
 pytest.importorskip("optuna_integration.pytorch_distributed")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -158,6 +158,7 @@ def study_minded_ranks(trial: optuna.Trial) -> float:
     return trial.suggest_float("x", 0.0, 1.0)
 
 
+@pytest.mark.seam
 def test_a_gang_trial_reads_its_study_and_keeps_its_system_attributes(client: object) -> None:
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
     study.set_user_attr("tag", "gang")
@@ -172,6 +173,7 @@ def test_a_gang_trial_reads_its_study_and_keeps_its_system_attributes(client: ob
     assert max(t.user_attrs["seen-0"][1] for t in trials) >= 1  # later ones see earlier ones
 
 
+@pytest.mark.seam
 def test_an_enqueued_trials_fixed_params_are_taken_on_every_rank_without_asking(
     client: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,8 @@ import pytest
 from clusterkit.errors import BadInput
 from clusterkit.runners.hpo import knobs
 
+pytestmark = pytest.mark.seam  # Optuna's samplers, pruners and directions from the CLI
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 unit = pytest.mark.unit

@@ -25,6 +25,8 @@ from clusterkit.runners.hpo import changelog
 from clusterkit.runners.hpo.inputs import ATTR_ORPHANED, ATTR_TIME
 from clusterkit.runners.hpo.mirror import StudyMirror
 
+pytestmark = pytest.mark.seam  # Optuna's trials and Dask's worker plugins
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

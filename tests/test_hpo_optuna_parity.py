@@ -26,7 +26,8 @@ from optuna.trial import TrialState
 from clusterkit.runners import hpo
 from clusterkit.runners.hpo.records import NoTrialCompleted
 
-pytestmark = pytest.mark.local
+# seam: every built-in sampler and pruner of the installed Optuna
+pytestmark = [pytest.mark.local, pytest.mark.seam]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

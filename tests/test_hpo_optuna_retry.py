@@ -22,7 +22,7 @@ from optuna.storages import RetryFailedTrialCallback
 from clusterkit.runners import hpo
 from clusterkit.runners.hpo.inputs import ATTR_ORPHANED, ATTR_RETRY_OF
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.seam]  # seam: Optuna's RetryFailedTrialCallback
 
 EPOCHS = 5
 

@@ -88,6 +88,7 @@ def _messages(stderr: str) -> list[str]:
 # ---------------------------------------------------------------------- exit codes, failures
 
 
+@pytest.mark.seam
 def test_a_search_where_every_trial_raised_exits_1_with_the_first_cause(
     client: object, tmp_path: Path
 ) -> None:
@@ -120,6 +121,7 @@ def raising(trial: optuna.Trial) -> float:
     raise ValueError(f"deterministic failure of trial {trial.number}")
 
 
+@pytest.mark.seam
 def test_run_raises_with_the_cause_and_retries_no_user_error(client: object) -> None:
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
     with pytest.raises(NoTrialCompleted) as raised:
@@ -213,6 +215,7 @@ def dynamic(trial: optuna.Trial) -> float:
     return x
 
 
+@pytest.mark.seam
 def test_each_importance_warning_shows_once(tmp_path: Path) -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     study.optimize(dynamic, n_trials=8)

@@ -14,6 +14,8 @@ from clusterkit.runners import hpo
 from clusterkit.runners.hpo import presample
 from clusterkit.runners.hpo.presample import PresampledSampler, Presampler
 
+pytestmark = pytest.mark.seam  # Optuna's relative sampling, drawn ahead
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

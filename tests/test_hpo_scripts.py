@@ -20,7 +20,7 @@ import pytest
 
 from clusterkit.runners.hpo.script import run_script
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.seam]  # seam: Optuna's own example scripts
 SCRIPTS = Path(__file__).parent / "optuna_scripts"
 
 

@@ -26,7 +26,7 @@ from optuna.testing.pytest_storages import StorageTestCase
 
 from clusterkit.runners.hpo import remote
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.seam]  # seam: Optuna's own storage test suite
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

@@ -40,6 +40,7 @@ def test_contract_local(tmp_path: Path) -> None:
     assert oct(os.stat(state.clusters_dir()).st_mode & 0o777) == "0o700"
 
 
+@pytest.mark.seam
 def test_contract_embedded_local(tmp_path: Path) -> None:
     from tests.contract import run_embedded_contract
 
@@ -269,6 +270,7 @@ def test_get_client_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         api.down("resolve")
 
 
+@pytest.mark.seam
 def test_embedded_cluster_closes_with_client(tmp_path: Path) -> None:
     path = profile_file(tmp_path, "backend: local\nworkers: 2\n", "emb")
     client = clusterkit.get_client(path)
@@ -280,6 +282,7 @@ def test_embedded_cluster_closes_with_client(tmp_path: Path) -> None:
     assert cluster.status.name == "closed"
 
 
+@pytest.mark.seam
 def test_closing_an_embedded_client_ends_its_event_loop(tmp_path: Path) -> None:
     """Once the client is closed, its cluster's event loop thread is gone, not left for the
     garbage collector: that ended it from whatever thread collected, under distributed's
@@ -301,6 +304,7 @@ def test_closing_an_embedded_client_ends_its_event_loop(tmp_path: Path) -> None:
     assert "IO loop" not in left, left
 
 
+@pytest.mark.seam
 def test_a_closed_client_collected_while_a_cluster_starts_does_not_hang(tmp_path: Path) -> None:
     """The garbage collector may end a closed embedded client on a thread that holds
     distributed's class-wide ``LoopRunner`` lock (it runs whenever that thread allocates, e.g.
