@@ -77,10 +77,9 @@ def seeing_objective(offset: float, sleep: float, gate: Path | None = None):
         trial.set_user_attr("seen", {str(t.number): t.value for t in shown})
         x = trial.suggest_float("x", 0.0, 1.0)
         time.sleep(sleep)
-        waited = 0.0
-        while gate is not None and not gate.exists() and waited < 60:
+        deadline = time.monotonic() + 60
+        while gate is not None and not gate.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-            waited += 0.05
         return offset + x
 
     return objective
