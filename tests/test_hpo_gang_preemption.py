@@ -122,10 +122,14 @@ def _lines(path: Path) -> list[int]:
 @pytest.mark.local
 @pytest.mark.timeout(400)
 def test_a_gang_on_an_ending_worker_checkpoints_on_every_rank_and_resumes(
-    one_short: tuple[object, str], tmp_path: Path
+    one_short: tuple[object, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    import logging
+
     client, short = one_short
-    study = _gang_search(client, collective, tmp_path, n_trials=2)
+    # each launch's end and why are logged: a failure report then says why a launch was retried
+    with caplog.at_level(logging.INFO, logger="clusterkit.runners.hpo"):
+        study = _gang_search(client, collective, tmp_path, n_trials=2)
     trials = study.get_trials(deepcopy=False)  # type: ignore[attr-defined]
     assert [t.state.name for t in trials] == ["COMPLETE"] * 2
     for trial in trials:  # the sum of all its steps, whichever workers ran them
